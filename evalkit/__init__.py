@@ -1,0 +1,12 @@
+"""evalkit: measure what a fixed-state recurrent language model forgets."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from evalkit.adapter import ModelAdapter
+from evalkit.models import load_model
+from evalkit.probe import Probe, ProbeMeta, Question, Segment
+from evalkit.result import SampleResult
+
+__all__ = ["ModelAdapter", "Probe", "ProbeMeta", "Question", "SampleResult", "Segment",
+           "__version__", "load_model"]

@@ -1,0 +1,45 @@
+"""The per-sample result record: one line of runs/<id>/samples.jsonl.
+
+Pairs with Probe: one SampleResult per (model, probe, question). Aggregation slices results by
+(task, target_length, depth, load); the leaderboard reads nothing else.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class SampleResult:
+    model: str                    # registered name or path, as given
+    model_hash: str               # hash of the model identity (weights, dtype, backend)
+    task: str
+    task_version: str
+    probe_id: str
+    probe_hash: str
+    question: int                 # index into probe.questions
+    kind: str                     # question kind: recall, latest, lookalike, multi...
+    target_length: int            # requested prompt length, model tokens
+    prompt_tokens: int            # actual prompt length of this question, model tokens
+    prompt_chars: int             # the same prompt in characters (comparable across tokenizers)
+    depth: float
+    load: int
+    distance: int                 # tokens from the fact to the question
+    seed: int
+    prediction: str | None
+    gold: list[str]
+    candidates: list[str] = field(default_factory=list)
+    candidate_logprobs: list[float] = field(default_factory=list)
+    scores: dict[str, float] = field(default_factory=dict)  # metric name -> value in [0, 1]
+    state_bytes: int = 0          # bytes of the recurrent state or KV cache at the question
+    state_kind: str = ""          # "recurrent", "kv", "kv-window", "memory"
+    latency_s: float = 0.0
+    error: str | None = None      # this sample failed; the run went on
+    flag: str | None = None       # e.g. "over_length": not evaluated, never cut
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SampleResult":
+        return cls(**d)
