@@ -1,0 +1,55 @@
+"""`evalkit` command line. Each subcommand lives in its own module with add_parser/run."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> module defining `add_parser(subparsers)` and `run(args) -> int`
+COMMANDS = {
+    "tasks": "evalkit.probe_cmds",
+    "validate": "evalkit.probe_cmds",
+    "generate": "evalkit.probe_cmds",
+    "models": "evalkit.models_cmd",
+    "state": "evalkit.state_cmd",
+    "run": "evalkit.run_cmd",
+    "publish": "evalkit.publish_cmd",
+    "train-tiny": "evalkit.train_cmd",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="evalkit", description=__doc__)
+    from evalkit import __version__
+
+    parser.add_argument("--version", action="version", version=f"evalkit {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    seen = set()
+    for name, module in COMMANDS.items():
+        if module in seen:
+            continue
+        seen.add(module)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name == module:  # a subcommand not built yet
+                continue
+            raise
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func = getattr(args, "func", None) or importlib.import_module(COMMANDS[args.command]).run
+    try:
+        return int(func(args) or 0)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        # Bad input: a clear one-line error, no traceback. Bugs (other exceptions) keep theirs.
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"evalkit {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

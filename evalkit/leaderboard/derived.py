@@ -1,0 +1,195 @@
+"""Derived metrics: effective length, capacity knee, recall per byte, paired bootstrap gaps.
+
+Every definition here is restated in the leaderboard README's "How to read" section
+(readme.py); change both together.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from evalkit.leaderboard.tables import ROW_ID, aggregate
+
+DEFAULT_THRESHOLD = 0.85   # RULER's bar is 85.6 (Llama-2-7B at 4K); we round to 0.85
+KNEE_LEVEL = 0.5           # capacity knee: where recall falls to 50 %
+DEFAULT_BOOTSTRAP = 2000
+BASELINE_KINDS = ("kv", "kv-window")
+SUBJECT_KINDS = ("recurrent",)
+REFERENCE_PAIR = ("oracle", "forgetful")  # unbounded vs. bounded memory: a sanity pair
+
+
+# -- effective length -----------------------------------------------------------------------
+
+def effective_length(by_len: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> pd.DataFrame:
+    """Longest tested length L whose recall is >= threshold at L and at every shorter tested
+    length. A length with nothing scored (all over the model's limit) counts as failing.
+    censored: "above" when every length passes (the true value may be longer), "below" when
+    even the shortest fails (effective_length is then missing)."""
+    out = []
+    for key, g in by_len.groupby(ROW_ID, sort=True):
+        g = g.sort_values("target_length")
+        ok = (g["n"] > 0) & (g["recall"] >= threshold)
+        passed = ok.astype(int).cumprod().astype(bool)  # stop at the first failing length
+        row = dict(zip(ROW_ID, key), threshold=threshold,
+                   lengths_tested=[int(x) for x in g["target_length"]])
+        if passed.any():
+            last = g[passed].iloc[-1]
+            row.update(effective_length=int(last["target_length"]),
+                       effective_chars=float(last["prompt_chars"]),
+                       censored="above" if passed.all() else "")
+        else:
+            row.update(effective_length=None, effective_chars=float("nan"), censored="below")
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+# -- capacity knee --------------------------------------------------------------------------
+
+def _logistic(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 - np.tanh(z / 2.0))  # 1 / (1 + e^z) without overflow
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+    """Weighted least squares fit of y = 1 / (1 + exp(s (x - x0))), s > 0, by a dense grid
+    search (deterministic, no optimizer to fail): x0 within the data range +-1, step 0.005;
+    s log-spaced over [0.05, 50]. Returns (x0, s)."""
+    x, y, w = (np.asarray(a, float) for a in (x, y, w))
+    x0s = np.arange(x.min() - 1.0, x.max() + 1.0 + 1e-9, 0.005)
+    ss = np.geomspace(0.05, 50.0, 160)
+    pred = _logistic(ss[:, None, None] * (x[None, None, :] - x0s[None, :, None]))
+    sse = (w * (pred - y) ** 2).sum(-1)
+    i, j = np.unravel_index(np.argmin(sse), sse.shape)
+    return float(x0s[j]), float(ss[i])
+
+
+def capacity_knee(samples: pd.DataFrame) -> pd.DataFrame:
+    """Per model x task x length with at least two loads: recall vs. load (pooled over depth),
+    a logistic fitted in log2(load), knee = the load where the fit crosses 50 %. When the
+    observed recall never drops below 50 % the knee is censored "above" (knee > largest load);
+    when it is below 50 % already at the smallest load, "below"."""
+    per_load = aggregate(samples, ROW_ID + ["target_length", "load"], ["recall"])
+    per_load = per_load[per_load["n"] > 0]
+    out = []
+    for key, g in per_load.groupby(ROW_ID + ["target_length"], sort=True):
+        if g["load"].nunique() < 2:
+            continue
+        g = g.sort_values("load")
+        x, y, n = np.log2(g["load"].to_numpy(float)), g["recall"].to_numpy(), g["n"].to_numpy()
+        row = dict(zip(ROW_ID + ["target_length"], key), loads=[int(v) for v in g["load"]],
+                   recall=[float(v) for v in y], knee=float("nan"), slope=float("nan"))
+        if (y >= KNEE_LEVEL).all():
+            row["censored"] = "above"
+        elif (y < KNEE_LEVEL).all():
+            row["censored"] = "below"
+        else:
+            x0, s = fit_logistic(x, y, n)
+            row.update(knee=float(2.0 ** x0), slope=s, censored="")
+        out.append(row)
+    cols = ROW_ID + ["target_length", "knee", "censored", "slope", "loads", "recall"]
+    return pd.DataFrame(out, columns=cols)
+
+
+# -- recall per byte ------------------------------------------------------------------------
+
+def add_recall_per_byte(by_len: pd.DataFrame) -> pd.DataFrame:
+    """Primary recall divided by the mean state bytes held at the question (recurrent state,
+    KV cache or reference memory); the README shows it per MB (x 1e6)."""
+    df = by_len.copy()
+    df["recall_per_byte"] = df["recall"] / df["state_bytes"].where(df["state_bytes"] > 0)
+    return df
+
+
+# -- paired bootstrap gaps ------------------------------------------------------------------
+
+def _seed_for(seed: int, *key: object) -> int:
+    digest = hashlib.sha256(repr((seed,) + key).encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def paired_bootstrap(diff: np.ndarray, n_boot: int = DEFAULT_BOOTSTRAP,
+                     seed: int = 0) -> tuple[float, float]:
+    """Percentile 95 % interval of the mean of paired differences: resample pairs with
+    replacement n_boot times."""
+    diff = np.asarray(diff, float)
+    if len(diff) == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    chunk = max(1, min(n_boot, 4_000_000 // len(diff)))  # bound memory on big cells
+    means = []
+    for start in range(0, n_boot, chunk):
+        idx = rng.integers(0, len(diff), size=(min(chunk, n_boot - start), len(diff)))
+        means.append(diff[idx].mean(axis=1))
+    lo, hi = np.percentile(np.concatenate(means), [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def default_pairs(samples: pd.DataFrame) -> list[tuple[str, str]]:
+    """(baseline, model) label pairs: every softmax baseline (kv, kv-window) against every
+    recurrent model, plus oracle vs. forgetful when both are present."""
+    kinds = samples.groupby("model_label")["state_kind"].agg(lambda s: s.mode().iat[0])
+    base = sorted(m for m, k in kinds.items() if k in BASELINE_KINDS)
+    subj = sorted(m for m, k in kinds.items() if k in SUBJECT_KINDS)
+    pairs = [(b, s) for b in base for s in subj]
+    names = samples.drop_duplicates("model_label").set_index("model_label")["model"]
+    refs = [[m for m, n in names.items() if n == r] for r in REFERENCE_PAIR]
+    pairs += [(b, s) for b in refs[0] for s in refs[1]]
+    return pairs
+
+
+def resolve_pairs(samples: pd.DataFrame, specs: Sequence[str]) -> list[tuple[str, str]]:
+    """--gap BASELINE:MODEL, by label or plain model name."""
+    labels = set(samples["model_label"])
+    names = samples.drop_duplicates("model_label").groupby("model")["model_label"].agg(list)
+    out = []
+    for spec in specs:
+        if spec.count(":") != 1:
+            raise ValueError(f"--gap {spec!r}: expected BASELINE:MODEL")
+        pair = []
+        for part in spec.split(":"):
+            if part in labels:
+                pair.append(part)
+            elif part in names and len(names[part]) == 1:
+                pair.append(names[part][0])
+            else:
+                raise ValueError(f"--gap {spec!r}: no model {part!r} in these runs "
+                                 f"(models: {', '.join(sorted(labels))})")
+        out.append((pair[0], pair[1]))
+    return out
+
+
+PAIR_KEY = ["task_label", "target_length", "depth", "load", "seed", "question"]
+
+
+def paired_samples(samples: pd.DataFrame, base: str, model: str) -> pd.DataFrame:
+    """Samples answered (scored) by both models, matched on the logical probe: same task
+    config, grid point, probe seed and question. The seed is derived from the task and grid
+    point, never from the tokenizer, so this pairs models with different tokenizers too."""
+    s = samples[samples["scored"] & samples["recall"].notna()]
+    keep = PAIR_KEY + ["recall"]
+    a = s[s["model_label"] == base][keep]
+    b = s[s["model_label"] == model][keep]
+    return a.merge(b, on=PAIR_KEY, suffixes=("_base", "_model"))
+
+
+def gaps(samples: pd.DataFrame, pairs: Sequence[tuple[str, str]], by: Sequence[str],
+         n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> pd.DataFrame:
+    """Recall gap = baseline minus model, per group `by` (subset of PAIR_KEY), over paired
+    samples, with a paired bootstrap 95 % interval. Positive: the model forgets more."""
+    by = list(by)
+    out = []
+    for base, model in pairs:
+        p = paired_samples(samples, base, model)
+        for key, g in p.groupby(by, sort=True):
+            key = key if isinstance(key, tuple) else (key,)
+            d = (g["recall_base"] - g["recall_model"]).to_numpy()
+            lo, hi = paired_bootstrap(d, n_boot, _seed_for(seed, base, model, *key))
+            out.append(dict(baseline=base, model=model, **dict(zip(by, key)),
+                            n_pairs=len(d), baseline_recall=float(g["recall_base"].mean()),
+                            model_recall=float(g["recall_model"].mean()),
+                            gap=float(d.mean()), ci_low=lo, ci_high=hi))
+    cols = ["baseline", "model"] + by + ["n_pairs", "baseline_recall", "model_recall", "gap",
+                                         "ci_low", "ci_high"]
+    return pd.DataFrame(out, columns=cols)

@@ -1,0 +1,189 @@
+"""Read finished run folders (runs/<id>/) into pandas DataFrames.
+
+A run counts only once its `DONE` marker exists: the runner writes it last, so a folder without
+it is still running or crashed, and publishing it would show half a grid as if it were final.
+Every problem is an error naming the file (and line or field) at fault.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from evalkit.result import SampleResult
+
+RUN_FILES = ("results.json", "samples.jsonl", "DONE")
+_SAMPLE_FIELDS = tuple(SampleResult.__dataclass_fields__)
+# What the leaderboard cannot do without (the grid identity of a sample and its model).
+REQUIRED = ("model", "model_hash", "task", "task_version", "probe_id", "probe_hash", "question",
+            "target_length", "depth", "load", "seed", "state_kind")
+SCORE_PREFIX = "score."  # metric columns in the samples frame: "score.<metric>"
+
+
+@dataclass
+class Run:
+    path: Path
+    run_id: str
+    created: pd.Timestamp
+    evalkit_version: str
+    config_hash: str
+    provenance: dict[str, Any]
+    models: dict[str, dict[str, Any]]   # name -> identity (incl. "hash")
+    tasks: dict[str, dict[str, Any]]    # name -> {"version", "config_hash", "source"}
+    samples: pd.DataFrame = field(repr=False)
+
+
+def _is_run(path: Path) -> bool:
+    return any((path / f).exists() for f in RUN_FILES + ("config.json",))
+
+
+def expand_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    """Run folders as given; a folder that is not a run itself stands for its runs (runs/)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise FileNotFoundError(f"{p}: no such run folder")
+        if _is_run(p):
+            out.append(p)
+            continue
+        children = sorted(c for c in p.iterdir() if c.is_dir() and _is_run(c))
+        if not children:
+            raise FileNotFoundError(f"{p}: neither a run folder (no results.json, samples.jsonl "
+                                    f"or DONE) nor a folder of runs")
+        out.extend(children)
+    return out
+
+
+def _need(obj: dict, key: str, where: str, kind: type | tuple[type, ...]) -> Any:
+    if key not in obj:
+        raise ValueError(f"{where}: missing field {key!r}")
+    if not isinstance(obj[key], kind):
+        raise ValueError(f"{where}: field {key!r} should be {getattr(kind, '__name__', kind)}, "
+                         f"got {type(obj[key]).__name__}")
+    return obj[key]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return obj
+
+
+def read_samples(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not valid JSON ({e})") from None
+            if not isinstance(d, dict):
+                raise ValueError(f"{path}:{i}: expected a JSON object")
+            missing = [k for k in REQUIRED if d.get(k) is None]
+            if missing:
+                raise ValueError(f"{path}:{i}: missing field(s) {missing}")
+            scores = d.get("scores") or {}
+            if not isinstance(scores, dict):
+                raise ValueError(f"{path}:{i}: field 'scores' should be an object")
+            for k, v in scores.items():
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
+                    raise ValueError(f"{path}:{i}: scores[{k!r}] = {v!r} is not a number in [0, 1]")
+            d["_line"] = i
+            rows.append(d)
+    return rows
+
+
+def load_run(path: str | Path) -> Run:
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such run folder")
+    if not (path / "DONE").exists():
+        raise ValueError(f"{path}: incomplete run (no DONE marker); it is still running or "
+                         f"stopped early. Finish or resume it before publishing")
+    for name in ("results.json", "samples.jsonl"):
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"{path}: DONE is present but {name} is missing")
+    rpath = path / "results.json"
+    res = _read_json(rpath)
+    run_id = _need(res, "run_id", str(rpath), str)
+    created_raw = _need(res, "created", str(rpath), str)
+    try:
+        created = pd.Timestamp(created_raw)
+        created = created.tz_localize("UTC") if created.tzinfo is None else created.tz_convert("UTC")
+    except ValueError:
+        raise ValueError(f"{rpath}: field 'created' is not a date/time: {created_raw!r}") from None
+    models = _need(res, "models", str(rpath), dict)
+    tasks = _need(res, "tasks", str(rpath), dict)
+    for t, info in tasks.items():
+        where = f"{rpath}: tasks[{t!r}]"
+        if not isinstance(info, dict):
+            raise ValueError(f"{where}: expected an object")
+        _need(info, "version", where, str)
+        _need(info, "config_hash", where, str)
+    provenance = res.get("provenance")
+    if provenance is None and (path / "provenance.json").is_file():
+        provenance = _read_json(path / "provenance.json")
+
+    spath = path / "samples.jsonl"
+    rows = read_samples(spath)
+    if not rows:
+        raise ValueError(f"{spath}: no samples")
+    df = _frame(rows, spath, tasks)
+    df["run_id"] = run_id
+    df["run_created"] = created
+    df["run_dir"] = str(path)
+    return Run(path=path, run_id=run_id, created=created,
+               evalkit_version=str(res.get("evalkit_version", "")),
+               config_hash=str(res.get("config_hash", "")), provenance=provenance or {},
+               models=models, tasks=tasks, samples=df)
+
+
+def _frame(rows: list[dict], spath: Path, tasks: dict[str, dict]) -> pd.DataFrame:
+    metrics = sorted({m for r in rows for m in (r.get("scores") or {})})
+    flat = []
+    for r in rows:
+        t = r["task"]
+        if t not in tasks:
+            raise ValueError(f"{spath}:{r['_line']}: task {t!r} is not listed in results.json "
+                             f"'tasks' (known: {sorted(tasks)})")
+        if str(r["task_version"]) != tasks[t]["version"]:
+            raise ValueError(f"{spath}:{r['_line']}: task_version {r['task_version']!r} differs "
+                             f"from results.json tasks[{t!r}].version {tasks[t]['version']!r}")
+        d = {k: r.get(k) for k in _SAMPLE_FIELDS if k not in
+             ("scores", "candidates", "candidate_logprobs", "gold", "prediction")}
+        d["task_version"] = str(d["task_version"])
+        d["task_config_hash"] = tasks[t]["config_hash"]
+        d["line"] = r["_line"]
+        scores = r.get("scores") or {}
+        for m in metrics:
+            d[SCORE_PREFIX + m] = float(scores[m]) if m in scores else float("nan")
+        flat.append(d)
+    df = pd.DataFrame(flat)
+    df["depth"] = df["depth"].astype(float)
+    for c in ("target_length", "load", "question", "seed"):
+        df[c] = df[c].astype("int64")
+    # Sizes may be absent on a sample that failed before its prompt was built.
+    for c in ("prompt_tokens", "prompt_chars", "state_bytes"):
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
+    # A sample is scored when it neither failed nor was flagged (e.g. over the model's length).
+    df["scored"] = df["error"].isna() & df["flag"].isna()
+    key = ["model_hash", "task", "probe_hash", "question"]
+    dup = df[df.duplicated(key, keep=False)]
+    if len(dup):
+        r = dup.iloc[0]
+        raise ValueError(f"{spath}:{int(r['line'])}: duplicate sample (model {r['model']}, probe "
+                         f"{r['probe_id']}, question {r['question']}); each must appear once")
+    return df
+
+
+def metric_columns(df: pd.DataFrame) -> list[str]:
+    return [c[len(SCORE_PREFIX):] for c in df.columns if c.startswith(SCORE_PREFIX)]

@@ -1,0 +1,224 @@
+"""Leaderboard figures, one PNG per function call.
+
+Figures are drawn on matplotlib's object API (Figure + Agg through savefig), never pyplot, so
+publishing neither needs a display nor touches a caller's pyplot state. Each function returns
+the path written, or None when its data is absent (the README then says why it was skipped).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from evalkit.leaderboard.derived import KNEE_LEVEL, _logistic
+from evalkit.leaderboard.tables import aggregate
+
+_DPI = 110
+_KIND_MARKER = {"recurrent": "o", "kv": "s", "kv-window": "D", "memory": "^"}
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
+
+
+def model_colors(labels: Sequence[str]) -> dict[str, tuple]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return {m: cmap(i % 10) for i, m in enumerate(sorted(labels))}
+
+
+def _fmt_len(n: float) -> str:
+    n = float(n)
+    if n >= 1024 and n % 1024 == 0:
+        return f"{int(n // 1024)}k"
+    return f"{n:,.0f}"
+
+
+def _grid(n: int, w: float = 4.2, h: float = 3.4) -> tuple[Figure, list]:
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    fig = Figure(figsize=(w * cols, h * rows + 0.5), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel().tolist()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=_DPI)
+    return path
+
+
+def _annotate(ax, data: np.ndarray, fmt: str = "{:.2f}", marks: np.ndarray | None = None,
+              diverging: bool = False) -> None:
+    for (i, j), v in np.ndenumerate(data):
+        if np.isnan(v):
+            continue
+        text = fmt.format(v) + ("*" if marks is not None and marks[i, j] else "")
+        # Readable on the cell: viridis is dark at 0, RdBu dark at both ends.
+        dark = abs(v) > 0.6 if diverging else v < 0.5
+        ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                color="white" if dark else "black")
+
+
+# -- 1. needle heatmaps: depth x length per model -------------------------------------------
+
+def depth_length_heatmaps(samples: pd.DataFrame, task: str, path: Path) -> Path | None:
+    t = samples[samples["task_label"] == task]
+    if t["depth"].nunique() < 2:
+        return None
+    cells = aggregate(t, ["model_label", "depth", "target_length"], ["recall"])
+    lengths = sorted(t["target_length"].unique())
+    depths = sorted(t["depth"].unique())
+    models = sorted(cells["model_label"].unique())
+    fig, axes = _grid(len(models))
+    for ax, m in zip(axes, models):
+        piv = (cells[cells["model_label"] == m].pivot(index="depth", columns="target_length",
+                                                       values="recall")
+               .reindex(index=depths, columns=lengths))
+        im = ax.imshow(piv.to_numpy(float), vmin=0, vmax=1, cmap="viridis", aspect="auto",
+                       origin="upper")
+        _annotate(ax, piv.to_numpy(float))
+        ax.set_xticks(range(len(lengths)), [_fmt_len(x) for x in lengths])
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+        ax.set_xlabel("context length (model tokens)")
+        ax.set_ylabel("needle depth")
+        ax.set_title(m, fontsize=10)
+    fig.colorbar(im, ax=axes, shrink=0.8, label="recall")
+    fig.suptitle(f"{task}: recall by depth and length")
+    return _save(fig, path)
+
+
+# -- 2. recall vs. load ---------------------------------------------------------------------
+
+def recall_vs_load(samples: pd.DataFrame, knees: pd.DataFrame, task: str,
+                   path: Path) -> Path | None:
+    t = samples[samples["task_label"] == task]
+    if t["load"].nunique() < 2:
+        return None
+    per = aggregate(t, ["model_label", "target_length", "load"], ["recall"])
+    per = per[per["n"] > 0]
+    lengths = sorted(per["target_length"].unique())
+    colors = model_colors(samples["model_label"].unique())
+    fig, axes = _grid(len(lengths), w=4.8)
+    for ax, L in zip(axes, lengths):
+        for m, g in per[per["target_length"] == L].groupby("model_label"):
+            g = g.sort_values("load")
+            ax.plot(g["load"], g["recall"], "o-", color=colors[m], label=m, ms=4)
+            k = knees[(knees["task_label"] == task) & (knees["model_label"] == m)
+                      & (knees["target_length"] == L)]
+            if len(k) and not np.isnan(k["knee"].iat[0]):
+                x0, s = np.log2(k["knee"].iat[0]), k["slope"].iat[0]
+                xs = np.linspace(np.log2(g["load"].min()), np.log2(g["load"].max()), 200)
+                ax.plot(2 ** xs, _logistic(s * (xs - x0)), "--", color=colors[m], lw=1)
+                ax.plot([2 ** x0], [KNEE_LEVEL], "x", color=colors[m], ms=9, mew=2)
+        ax.axhline(KNEE_LEVEL, color="grey", lw=0.7, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel("load (facts in context)")
+        ax.set_ylabel("recall")
+        ax.set_title(f"length {_fmt_len(L)} tokens", fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{task}: recall vs. load\n(dashed: logistic fit; x: capacity knee)",
+                 fontsize=10)
+    return _save(fig, path)
+
+
+# -- 3. recall vs. context length -----------------------------------------------------------
+
+def recall_vs_length(by_len: pd.DataFrame, task: str, path: Path, threshold: float,
+                     use_chars: bool) -> Path | None:
+    t = by_len[(by_len["task_label"] == task) & (by_len["n"] > 0)]
+    if t["target_length"].nunique() < 2:
+        return None
+    colors = model_colors(by_len["model_label"].unique())
+    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    ax = fig.subplots()
+    x = "prompt_chars" if use_chars else "target_length"
+    for m, g in t.groupby("model_label"):
+        g = g.sort_values(x)
+        ax.errorbar(g[x], g["recall"], yerr=g["recall_stderr"].fillna(0), fmt="o-",
+                    color=colors[m], label=m, ms=4, capsize=2)
+    ax.axhline(threshold, color="grey", lw=0.8, ls="--", label=f"threshold {threshold:g}")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("prompt length (characters; tokenizers differ)" if use_chars
+                  else "context length (model tokens)")
+    ax.set_ylabel("recall")
+    ax.set_title(f"{task}: recall vs. context length")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+# -- 4. recall vs. state bytes: the signature figure -----------------------------------------
+
+def recall_vs_state_bytes(by_len: pd.DataFrame, kinds: dict[str, str], task: str,
+                          path: Path) -> Path | None:
+    t = by_len[(by_len["task_label"] == task) & (by_len["n"] > 0) & (by_len["state_bytes"] > 0)]
+    if t.empty:
+        return None
+    colors = model_colors(by_len["model_label"].unique())
+    fig = Figure(figsize=(7.0, 4.6), layout="constrained")
+    ax = fig.subplots()
+    for m, g in t.groupby("model_label"):
+        g = g.sort_values("target_length")
+        kind = kinds.get(m, "")
+        ax.plot(g["state_bytes"], g["recall"], "-", color=colors[m], lw=1, alpha=0.6)
+        ax.scatter(g["state_bytes"], g["recall"], color=colors[m],
+                   marker=_KIND_MARKER.get(kind, "o"), label=f"{m} ({kind})", zorder=3)
+        for _, r in g.iterrows():
+            ax.annotate(_fmt_len(r["target_length"]), (r["state_bytes"], r["recall"]),
+                        textcoords="offset points", xytext=(4, 3), fontsize=6,
+                        color=colors[m])
+    ax.set_xscale("log")
+    ax.set_ylim(-0.03, 1.06)
+    ax.set_xlabel("bytes held at the question (recurrent state / KV cache / memory), log")
+    ax.set_ylabel("recall")
+    ax.set_title(f"{task}: recall vs. state bytes (labels: context length)")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+# -- 5. recall gap per cell -----------------------------------------------------------------
+
+def _cell_label(depth: float, load: int, t: pd.DataFrame) -> str:
+    """Name only what varies: depth, load, or both."""
+    parts = []
+    if t["depth"].nunique() > 1 or t["load"].nunique() == 1:
+        parts.append(f"depth {depth:.0%}")
+    if t["load"].nunique() > 1:
+        parts.append(f"load {load}")
+    return ", ".join(parts)
+
+
+def gap_heatmaps(cell_gaps: pd.DataFrame, task: str, path: Path) -> Path | None:
+    t = cell_gaps[cell_gaps["task_label"] == task]
+    if t.empty:
+        return None
+    pairs = sorted(set(zip(t["baseline"], t["model"])))
+    lengths = sorted(t["target_length"].unique())
+    rows = sorted(set(zip(t["depth"], t["load"])))
+    fig, axes = _grid(len(pairs), w=max(4.2, 0.9 * len(lengths) + 2), h=max(3.0, 0.3 * len(rows) + 1.5))
+    for ax, (b, m) in zip(axes, pairs):
+        g = t[(t["baseline"] == b) & (t["model"] == m)]
+        data = np.full((len(rows), len(lengths)), np.nan)
+        sig = np.zeros_like(data, dtype=bool)
+        for _, r in g.iterrows():
+            i, j = rows.index((r["depth"], r["load"])), lengths.index(r["target_length"])
+            data[i, j] = r["gap"]
+            sig[i, j] = r["ci_low"] > 0 or r["ci_high"] < 0
+        im = ax.imshow(data, vmin=-1, vmax=1, cmap="RdBu_r", aspect="auto")
+        _annotate(ax, data, "{:+.2f}", sig, diverging=True)
+        ax.set_xticks(range(len(lengths)), [_fmt_len(x) for x in lengths])
+        ax.set_yticks(range(len(rows)), [_cell_label(d, n, t) for d, n in rows], fontsize=7)
+        ax.set_xlabel("context length (model tokens)")
+        ax.set_title(f"{b} minus {m}", fontsize=9)
+    fig.colorbar(im, ax=axes, shrink=0.8, label="recall gap (baseline - model)")
+    fig.suptitle(f"{task}: recall gap per cell (* = 95 % CI excludes 0)")
+    return _save(fig, path)

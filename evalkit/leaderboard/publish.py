@@ -1,0 +1,175 @@
+"""Publish runs as a leaderboard folder, atomically.
+
+Everything is built in a temporary folder next to the target (same file system), then swapped
+in with renames: the old folder is renamed aside, the new one renamed in, the old one removed.
+Any failure before the swap (a bad run, a plotting bug, a full disk) removes the temporary
+folder and leaves the previous leaderboard exactly as it was.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from evalkit.leaderboard import plots as P
+from evalkit.leaderboard.board import Board, Options, build, records
+from evalkit.leaderboard.load import expand_run_dirs, load_run
+
+FORMAT = "evalkit-leaderboard/1"  # marks a folder publish may replace
+_REPLACEABLE_EXTRAS = {".gitkeep"}
+
+
+@dataclass
+class Published:
+    path: Path
+    board: Board
+    files: list[Path]
+    skipped: list[str]
+
+
+def check_target(target: Path) -> None:
+    """Refuse to replace a folder that is not a leaderboard (e.g. `--to .` by mistake)."""
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise ValueError(f"--to {target}: exists and is not a folder")
+    entries = {p.name for p in target.iterdir()}
+    if entries <= _REPLACEABLE_EXTRAS:
+        return
+    marker = target / "results.json"
+    try:
+        fmt = json.loads(marker.read_text(encoding="utf-8")).get("format", "")
+    except (OSError, ValueError, AttributeError):
+        fmt = ""
+    if not str(fmt).startswith("evalkit-leaderboard/"):
+        raise ValueError(f"--to {target}: a non-empty folder that is not an evalkit leaderboard "
+                         f"(no results.json with format {FORMAT!r}); refusing to replace it")
+
+
+def publish(run_dirs: Sequence[str | os.PathLike], to: str | os.PathLike,
+            options: Options | None = None) -> Published:
+    target = Path(to)
+    check_target(target)
+    runs = [load_run(p) for p in expand_run_dirs(run_dirs)]  # fail before touching anything
+    board = build(runs, options)
+    target.absolute().parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.absolute().parent, prefix=f".{target.name}.new-"))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a leaderboard is for reading
+        files, skipped = write_board(board, tmp, [str(p) for p in run_dirs])
+        _swap(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Published(target, board, [target / f.relative_to(tmp) for f in files], skipped)
+
+
+def _swap(new: Path, target: Path) -> None:
+    if not target.exists():
+        os.rename(new, target)
+        return
+    old = target.absolute().parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    os.rename(target, old)
+    try:
+        os.rename(new, target)
+    except BaseException:
+        os.rename(old, target)  # put the previous leaderboard back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_board(board: Board, out: Path, run_paths: Sequence[str]) -> tuple[list[Path], list[str]]:
+    from evalkit import __version__
+    from evalkit.leaderboard.readme import render
+
+    files: list[Path] = []
+    board.rows.to_csv(out / "results.csv", index=False)
+    board.cell_gaps.to_csv(out / "gaps.csv", index=False)
+    files += [out / "results.csv", out / "gaps.csv"]
+
+    sections, skipped = draw_plots(board, out)
+    files += [out / rel for items in sections.values() for _, rel in items]
+
+    doc = {
+        "format": FORMAT,
+        "evalkit_version": __version__,
+        "options": {"threshold": board.options.threshold, "knee_level": 0.5,
+                    "primary_metric": board.options.primary_metric,
+                    "bootstrap_resamples": board.options.n_boot,
+                    "bootstrap_seed": board.options.seed,
+                    "gap_pairs": [list(p) for p in board.pairs]},
+        "primary_metric": board.primary,
+        "runs": [{"run_id": r.run_id, "created": r.created.isoformat(), "path": str(r.path),
+                  "evalkit_version": r.evalkit_version, "config_hash": r.config_hash,
+                  "superseded_cells": board.merged.superseded.get(r.run_id, 0),
+                  "provenance": r.provenance} for r in board.merged.runs],
+        "models": {m: {"name": board.samples.loc[board.samples["model_label"] == m, "model"].iat[0],
+                       "hash": board.samples.loc[board.samples["model_label"] == m,
+                                                 "model_hash"].iat[0],
+                       "state_kind": board.kinds.get(m, ""), "identity": ident}
+                   for m, ident in sorted(board.identities.items())},
+        "tasks": board.tasks,
+        "rows": records(board.rows),
+        "by_length": records(board.by_len),
+        "state_bytes": records(board.bytes_by_len[["model_label", "target_length", "n",
+                                                   "state_bytes", "state_kind"]]),
+        "effective_length": records(board.eff),
+        "capacity_knee": records(board.knees),
+        "gaps": {"cells": records(board.cell_gaps), "by_length": records(board.length_gaps)},
+        "plots": {k: [rel for _, rel in v] for k, v in sections.items()},
+        "skipped_plots": skipped,
+    }
+    (out / "results.json").write_text(
+        json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False, default=str) + "\n",
+        encoding="utf-8")
+    files.append(out / "results.json")
+    (out / "README.md").write_text(render(board, run_paths, sections, skipped, __version__),
+                                   encoding="utf-8")
+    files.append(out / "README.md")
+    return files, skipped
+
+
+def draw_plots(board: Board, out: Path) -> tuple[dict[str, list[tuple[str, str]]], list[str]]:
+    """Every figure, per task. Returns {section: [(title, relative path)]} and skip notes."""
+    sections: dict[str, list[tuple[str, str]]] = {
+        "Recall vs. state bytes (the signature figure)": [],
+        "Recall vs. context length": [],
+        "Needle heatmaps (depth x length)": [],
+        "Recall vs. load": [],
+        "Recall gap per cell": [],
+    }
+    skipped: list[str] = []
+    o = board.options
+
+    def add(section: str, title: str, name: str, fn, why: str) -> None:
+        path = fn(out / "plots" / name)  # None: the data for this figure is absent
+        if path is None:
+            skipped.append(f"{title}: {why}")
+        else:
+            sections[section].append((title, Path(path).relative_to(out).as_posix()))
+
+    for task in sorted(board.tasks):
+        s = P.slug(task)
+        add("Recall vs. state bytes (the signature figure)", f"{task}: recall vs. state bytes",
+            f"state-bytes-{s}.png", lambda p: P.recall_vs_state_bytes(board.by_len, board.kinds,
+                                                                       task, p),
+            why="no state bytes recorded")
+        add("Recall vs. context length", f"{task}: recall vs. context length",
+            f"length-{s}.png", lambda p: P.recall_vs_length(board.by_len, task, p, o.threshold,
+                                                             board.use_chars.get(task, False)),
+            why="fewer than two lengths scored")
+        add("Needle heatmaps (depth x length)", f"{task}: depth x length heatmap",
+            f"heatmap-{s}.png", lambda p: P.depth_length_heatmaps(board.samples, task, p),
+            why="only one depth")
+        add("Recall vs. load", f"{task}: recall vs. load", f"load-{s}.png",
+            lambda p: P.recall_vs_load(board.samples, board.knees, task, p),
+            why="no load sweep (one load)")
+        add("Recall gap per cell", f"{task}: recall gap per cell", f"gap-{s}.png",
+            lambda p: P.gap_heatmaps(board.cell_gaps, task, p),
+            why="no baseline/model pair answered its probes")
+    return sections, skipped

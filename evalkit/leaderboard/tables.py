@@ -1,0 +1,111 @@
+"""Aggregation of merged samples into leaderboard rows.
+
+Means are over *scored* samples only: a sample that failed (error) or was not evaluated (flag,
+e.g. longer than the model's maximum length) has no scores; it is counted in n_failed /
+n_flagged instead of being scored as 0 or silently dropped. Sizes (prompt tokens, characters,
+state bytes) are means over the same scored samples.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from evalkit.leaderboard.load import SCORE_PREFIX, metric_columns
+from evalkit.leaderboard.merge import CELL_KEY, GRID_KEY, MODEL_KEY, TASK_KEY
+
+# Primary recall metric, first one a task has: generation scored RULER-style (share of gold
+# values found in the answer), then stricter generation metrics, then forced choice alone.
+PRIMARY_PREFERENCE = ("string_match_all", "exact_match", "contains", "forced_choice")
+SECONDARY = "forced_choice"  # also reported where present: log-prob choice among distractors
+
+ROW_ID = ["model", "model_label", "model_hash", "task", "task_label", "task_version",
+          "task_config_hash"]
+
+
+def _stderr(x: pd.Series) -> float:
+    x = x.dropna()
+    return float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
+
+
+def aggregate(samples: pd.DataFrame, by: Sequence[str],
+              metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """One row per group: n, n_failed, n_flagged, sizes, and mean/stderr of every metric."""
+    metrics = list(metrics if metrics is not None else metric_columns(samples))
+    by = list(by)
+    out = []
+    for key, g in samples.groupby(by, sort=True, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        s = g[g["scored"]]
+        row = dict(zip(by, key))
+        row.update(n=int(len(s)), n_failed=int(g["error"].notna().sum()),
+                   n_flagged=int((g["error"].isna() & g["flag"].notna()).sum()),
+                   prompt_tokens=float(s["prompt_tokens"].mean()),
+                   prompt_chars=float(s["prompt_chars"].mean()),
+                   state_bytes=float(s["state_bytes"].mean()),
+                   state_kind=",".join(sorted(set(g["state_kind"].dropna()))))
+        for m in metrics:
+            col = SCORE_PREFIX + m
+            vals = s[col] if col in s else pd.Series(dtype=float)
+            row[m] = float(vals.mean()) if vals.notna().any() else float("nan")
+            row[f"{m}_stderr"] = _stderr(vals)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def cell_rows(samples: pd.DataFrame) -> pd.DataFrame:
+    """The leaderboard's rows: one per model x task (version, config) x length x depth x load."""
+    metrics = metric_columns(samples)
+    rows = aggregate(samples, ROW_ID + GRID_KEY, metrics)
+    # Each cell comes from exactly one run (see merge.py); carry its id and date.
+    src = samples.drop_duplicates(CELL_KEY)[CELL_KEY + ["run_id", "run_created"]]
+    rows = rows.merge(src, on=CELL_KEY, how="left")
+    rows["run_created"] = rows["run_created"].map(lambda t: t.isoformat())
+    front = ROW_ID + ["run_id", "run_created"] + GRID_KEY + [
+        "n", "n_failed", "n_flagged", "prompt_tokens", "prompt_chars", "state_bytes", "state_kind"]
+    return rows[front + [c for c in rows.columns if c not in front]]
+
+
+def choose_primary(samples: pd.DataFrame, override: str | None = None) -> dict[str, str]:
+    """task_label -> primary metric; `override` where the task has it."""
+    metrics = metric_columns(samples)
+    if override is not None and override not in metrics:
+        raise ValueError(f"--primary-metric {override!r}: no run has it "
+                         f"(metrics present: {', '.join(metrics) or 'none'})")
+    out = {}
+    for label, g in samples[samples["scored"]].groupby("task_label"):
+        present = [m for m in metrics if g[SCORE_PREFIX + m].notna().any()]
+        order = ([override] if override else []) + list(PRIMARY_PREFERENCE) + sorted(present)
+        out[label] = next((m for m in order if m in present), "")
+    for label in samples["task_label"].unique():
+        out.setdefault(label, "")  # nothing scored at all
+    return out
+
+
+def with_primary(samples: pd.DataFrame, primary: dict[str, str]) -> pd.DataFrame:
+    """Add a `recall` column: each sample's primary metric for its task."""
+    df = samples.copy()
+    df["recall"] = np.nan
+    for label, m in primary.items():
+        if m:
+            sel = df["task_label"] == label
+            df.loc[sel, "recall"] = df.loc[sel, SCORE_PREFIX + m]
+    df[SCORE_PREFIX + "recall"] = df["recall"]
+    return df
+
+
+def by_length(samples: pd.DataFrame) -> pd.DataFrame:
+    """Primary recall per model x task x length, pooled over depth and load (what the README
+    tables, effective length and the length plots use)."""
+    metrics = ["recall"] + ([SECONDARY] if SCORE_PREFIX + SECONDARY in samples else [])
+    return aggregate(samples, ROW_ID + ["target_length"], metrics)
+
+
+def model_kinds(samples: pd.DataFrame) -> dict[str, str]:
+    """model_label -> state kind (the most common among its samples)."""
+    return {m: g["state_kind"].mode().iat[0] for m, g in samples.groupby("model_label")}
+
+
+__all__ = ["aggregate", "by_length", "cell_rows", "choose_primary", "model_kinds",
+           "with_primary", "MODEL_KEY", "TASK_KEY", "GRID_KEY"]

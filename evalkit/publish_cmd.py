@@ -1,0 +1,39 @@
+"""`evalkit publish RUN_DIR... --to DIR`: tables, CSV/JSON and plots from finished runs."""
+from __future__ import annotations
+
+from evalkit.leaderboard.derived import DEFAULT_BOOTSTRAP, DEFAULT_THRESHOLD
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("publish", help="build the leaderboard (README, CSV/JSON, plots) "
+                                       "from finished runs")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                   help="finished run folders (with DONE), or a folder of them (runs/)")
+    p.add_argument("--to", required=True, metavar="DIR",
+                   help="leaderboard folder to (re)write atomically, e.g. leaderboard/")
+    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                   help=f"recall bar for the effective length (default {DEFAULT_THRESHOLD})")
+    p.add_argument("--primary-metric", help="recall metric for every task that has it "
+                                            "(default: string_match_all, else exact_match, "
+                                            "contains, forced_choice)")
+    p.add_argument("--gap", action="append", default=[], metavar="BASELINE:MODEL",
+                   help="a recall-gap pair (repeatable; default: kv/kv-window baselines vs. "
+                        "recurrent models, plus oracle vs. forgetful)")
+    p.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
+                   help=f"paired bootstrap resamples per gap cell (default {DEFAULT_BOOTSTRAP})")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from evalkit.leaderboard import Options, publish
+
+    opts = Options(threshold=args.threshold, primary_metric=args.primary_metric,
+                   gap_pairs=tuple(args.gap), n_boot=args.bootstrap, seed=args.seed)
+    res = publish(args.runs, args.to, opts)
+    b = res.board
+    print(f"published {len(b.rows)} rows ({b.samples['model_label'].nunique()} models, "
+          f"{len(b.tasks)} tasks, {len(b.merged.runs)} runs) to {res.path}: "
+          f"{sum(f.suffix == '.png' for f in res.files)} plots"
+          + (f", {len(res.skipped)} skipped" if res.skipped else ""))
+    return 0

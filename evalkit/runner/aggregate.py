@@ -1,0 +1,112 @@
+"""results.json: per-cell aggregates of samples, plus the run-level summary.
+
+One row per model x task x target_length x depth x load (the grid cell of each sample's probe).
+- n: samples that were scored (no error, no flag): the denominator of every metric mean;
+  n_failed and n_flagged count the others, so the cell holds n + n_failed + n_flagged samples.
+- metrics: {metric: {mean, stderr, n}} over the scored samples that have the metric
+  (forced_choice needs two candidates). stderr = sample std (ddof=1) / sqrt(n), 0 when n = 1.
+- prompt_tokens, prompt_chars: means over every sample of the cell.
+- state_bytes: mean over scored samples, rounded to whole bytes; state_kind: the adapter's.
+- by_kind: the same metric means split by question kind (recall, latest, ...).
+Sums use math.fsum over samples in a fixed order, so equal samples give bit-equal results.
+Timestamps (TIMESTAMP_KEYS) are the only fields that differ between equal runs.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Iterable, Sequence
+
+from evalkit.result import SampleResult
+
+TIMESTAMP_KEYS = frozenset({"created", "started", "finished", "resumed"})
+
+
+def mean_stderr(values: Sequence[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = math.fsum(values) / n
+    if n == 1:
+        return mean, 0.0
+    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(var / n)
+
+
+def metric_summary(samples: Sequence[SampleResult]) -> dict[str, dict[str, float]]:
+    names = sorted({m for s in samples for m in s.scores})
+    out = {}
+    for m in names:
+        vals = [s.scores[m] for s in samples if m in s.scores]
+        mean, se = mean_stderr(vals)
+        out[m] = {"mean": mean, "stderr": se, "n": len(vals)}
+    return out
+
+
+def scored(s: SampleResult) -> bool:
+    return s.error is None and s.flag is None
+
+
+def rows(samples: Iterable[SampleResult], tasks: dict[str, dict]) -> list[dict[str, Any]]:
+    """Aggregate rows in first-seen cell order (samples arrive in suite order)."""
+    cells: dict[tuple, list[SampleResult]] = defaultdict(list)
+    for s in samples:
+        cells[(s.model, s.task, s.target_length, s.depth, s.load)].append(s)
+    out = []
+    for (model, task, length, depth, load), cell in cells.items():
+        ok = [s for s in cell if scored(s)]
+        kinds = sorted({s.kind for s in ok})
+        out.append({
+            "model": model, "model_hash": cell[0].model_hash, "task": task,
+            "task_version": cell[0].task_version,
+            "task_config_hash": tasks.get(task, {}).get("config_hash", ""),
+            "target_length": length, "depth": depth, "load": load,
+            "n": len(ok), "n_failed": sum(s.error is not None for s in cell),
+            "n_flagged": sum(s.error is None and s.flag is not None for s in cell),
+            "metrics": metric_summary(ok),
+            "by_kind": {k: {"n": sum(s.kind == k for s in ok),
+                            "metrics": metric_summary([s for s in ok if s.kind == k])}
+                        for k in kinds},
+            "prompt_tokens": math.fsum(s.prompt_tokens for s in cell) / len(cell),
+            "prompt_chars": math.fsum(s.prompt_chars for s in cell) / len(cell),
+            "state_bytes": round(math.fsum(s.state_bytes for s in ok) / len(ok)) if ok else 0,
+            "state_kind": next((s.state_kind for s in cell if s.state_kind), ""),
+        })
+    return out
+
+
+def summary(samples: Sequence[SampleResult]) -> dict[str, Any]:
+    flags: dict[str, int] = defaultdict(int)
+    for s in samples:
+        if s.error is None and s.flag is not None:
+            flags[s.flag] += 1
+    return {"samples": len(samples), "scored": sum(scored(s) for s in samples),
+            "failed": sum(s.error is not None for s in samples),
+            "flagged": sum(flags.values()), "flags": dict(sorted(flags.items()))}
+
+
+def prefill_block(tokens_prefilled: int, prompt_tokens: int,
+                  per_pair: list[dict] | None = None) -> dict[str, Any]:
+    """savings_ratio = prompt tokens / tokens prefilled (how many times fewer tokens the
+    shared-prefix plan feeds than running every prompt on its own)."""
+    return {"tokens_prefilled": tokens_prefilled, "prompt_tokens": prompt_tokens,
+            "savings_ratio": prompt_tokens / tokens_prefilled if tokens_prefilled else 1.0,
+            "saved_fraction": 1 - tokens_prefilled / prompt_tokens if prompt_tokens else 0.0,
+            "by_model_task": per_pair or []}
+
+
+def build_results(*, run_id: str, version: str, created: str, config_hash: str,
+                  provenance: dict, models: dict, tasks: dict,
+                  samples: Sequence[SampleResult], prefill: dict, suite: str) -> dict[str, Any]:
+    s = summary(samples)
+    return {"run_id": run_id, "evalkit_version": version, "created": created,
+            "config_hash": config_hash, "suite": suite, "provenance": provenance,
+            "models": models, "tasks": tasks, "rows": rows(samples, tasks), "prefill": prefill,
+            "summary": s, "failures": s["failed"]}
+
+
+def strip_timestamps(obj: Any) -> Any:
+    """`obj` without TIMESTAMP_KEYS at any depth: what must be equal between equal runs."""
+    if isinstance(obj, dict):
+        return {k: strip_timestamps(v) for k, v in obj.items() if k not in TIMESTAMP_KEYS}
+    if isinstance(obj, list):
+        return [strip_timestamps(v) for v in obj]
+    return obj

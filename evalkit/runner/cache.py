@@ -1,0 +1,104 @@
+"""Content-addressed store of finished samples: what makes runs resumable and re-runs cheap.
+
+Key material: the model identity hash, the probe hash, the question index, the generation
+settings, the evalkit version and the cache schema. An entry lives at
+`<root>/entries/<h[:2]>/<h>.json` with h = sha256(canonical JSON of the key material), and
+stores that material next to the SampleResult. So:
+- two different models (or the same model with other weights, dtype or options) never share
+  an entry: their identity hashes differ;
+- a store written by another evalkit version or cache schema is detected when it is opened
+  (`CACHE.json` manifest) and refused with a clear error, never reused;
+- an entry whose stored material does not match the key it was looked up under (a copied or
+  tampered file) is reported and recomputed.
+Only successful samples are stored: failures are retried by a resumed run. Over-length flags are
+not stored either (they cost nothing to recompute).
+
+The default root is `<run dir>/cache/`, so a run directory is self-contained and `--resume`
+needs nothing else; `--cache-dir` (or `cache_dir:` in a suite) shares one store between runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from evalkit import __version__, atomic
+from evalkit.probe import canonical_json
+from evalkit.result import SampleResult
+
+CACHE_SCHEMA = 1
+MANIFEST = "CACHE.json"
+
+
+class CacheMismatch(ValueError):
+    """The store was written by another evalkit version or cache schema."""
+
+
+class SampleCache:
+    def __init__(self, root: str | Path, *, version: str = __version__) -> None:
+        self.root = Path(root)
+        self.version = version
+        self.hits = self.misses = self.stale = 0
+        self._open()
+
+    def _manifest(self) -> dict:
+        return {"cache_schema": CACHE_SCHEMA, "evalkit_version": self.version}
+
+    def _open(self) -> None:
+        path = self.root / MANIFEST
+        want = self._manifest()
+        if not path.exists():
+            atomic.write_json(path, want)
+            return
+        try:
+            have = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise CacheMismatch(f"cache {self.root}: unreadable manifest {MANIFEST} ({e})") from None
+        diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
+        if diff:
+            what = "; ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in diff.items())
+            raise CacheMismatch(
+                f"cache {self.root} was written by another evalkit ({what}): its entries are "
+                f"not reused. Start a new run (or point --cache-dir elsewhere), or delete the "
+                f"cache to recompute.")
+
+    def key(self, model_hash: str, probe_hash: str, question: int, generation: dict) -> dict:
+        return {"cache_schema": CACHE_SCHEMA, "evalkit_version": self.version,
+                "model_hash": model_hash, "probe_hash": probe_hash, "question": question,
+                "generation": generation}
+
+    def path(self, key: dict) -> Path:
+        h = hashlib.sha256(canonical_json(key).encode()).hexdigest()
+        return self.root / "entries" / h[:2] / f"{h}.json"
+
+    def get(self, key: dict) -> SampleResult | None:
+        path = self.path(key)
+        try:
+            entry = json.loads(path.read_text())
+        except FileNotFoundError:
+            self.misses += 1
+            return None
+        except (OSError, json.JSONDecodeError) as e:
+            self._report(path, f"unreadable ({e})")
+            return None
+        if entry.get("key") != key:
+            self._report(path, "its stored key material differs from the key it was read for")
+            return None
+        self.hits += 1
+        return SampleResult.from_dict(entry["result"])
+
+    def _report(self, path: Path, why: str) -> None:
+        self.stale += 1
+        self.misses += 1
+        print(f"evalkit run: warning: cache entry {path} not reused: {why}; recomputing",
+              file=sys.stderr)
+
+    def put(self, key: dict, sample: SampleResult) -> None:
+        if sample.error is not None or sample.flag is not None:
+            return
+        atomic.write_json(self.path(key), {"key": key, "result": sample.to_dict()})
+
+    def stats(self) -> dict[str, Any]:
+        return {"hits": self.hits, "misses": self.misses, "stale": self.stale}

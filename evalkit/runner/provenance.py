@@ -1,0 +1,92 @@
+"""Provenance: everything needed to tell whether two runs are comparable and to redo one.
+
+Recorded: evalkit version; git commit and dirty flag of the evalkit checkout (when it is one);
+the config hash; each model's identity (weights hash, dtype, backend ... as the adapter reports
+it) with its hash and tokenizer hash; each task's version, config hash and source file; package
+versions; seeds; python and platform; start and finish timestamps. Nothing here varies between
+an interrupted-and-resumed run and an uninterrupted one except the timestamps.
+"""
+from __future__ import annotations
+
+import hashlib
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from evalkit import __version__
+from evalkit.probe import canonical_json
+
+PACKAGES = ("torch", "transformers", "tokenizers", "lm_eval", "datasets", "safetensors",
+            "numpy", "pydantic", "flash-linear-attention", "fla-core", "gguf", "accelerate")
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def package_versions() -> dict[str, str | None]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    try:
+        r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def git_state(path: Path | None = None) -> dict[str, Any]:
+    """Commit and dirty flag of the checkout holding evalkit's source (None outside one)."""
+    path = path or Path(__file__).resolve().parents[2]
+    commit = _git(["rev-parse", "HEAD"], path)
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    status = _git(["status", "--porcelain"], path)
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def identity_hash(identity: dict, options: dict | None = None) -> str:
+    """Hash of what makes a model's results distinct: its identity plus the load options."""
+    doc = {"identity": identity, "options": options or {}}
+    return hashlib.sha256(canonical_json(jsonable(doc)).encode()).hexdigest()
+
+
+def jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)
+
+
+def collect(*, config_hash: str, seed: int, models: dict, tasks: dict, started: str,
+            finished: str | None = None, resumed: list[str] | None = None) -> dict[str, Any]:
+    return {
+        "evalkit_version": __version__,
+        "git": git_state(),
+        "config_hash": config_hash,
+        "models": models,
+        "tokenizers": {name: m.get("tokenizer_hash") for name, m in models.items()},
+        "tasks": tasks,
+        "packages": package_versions(),
+        "seeds": {"seed": seed, "torch_manual_seed": seed,
+                  "probe_seed": "sha256(task, version, seed, length, depth, load, index)"},
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "started": started,
+        "finished": finished,
+        "resumed": resumed or [],
+    }

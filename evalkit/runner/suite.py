@@ -1,0 +1,378 @@
+"""Suite configs: which models, which tasks over which grid, and how to run them.
+
+A suite is a YAML file (see configs/quick.yaml) or the same settings given as `evalkit run`
+flags; flags override the file. Every key is typed; unknown keys and wrong types are errors
+naming the file, the key and the expected type.
+
+    name: quick
+    models:                        # a registered name, or {name, spec, options}
+      - smollm2-135m
+      - {name: my-gla, spec: "gla:${GLA_CKPT}", options: {dtype: bfloat16}}
+    tasks:                         # task names, globs ("needle*") or groups, or mappings
+      - needle                     #   with per-task grid overrides
+      - {name: multikey, loads: [1, 4, 16, 64]}
+    groups: {recall: [needle, "multikey*"]}
+    lengths: [256, 512]            # grid defaults for every task (else each task's own)
+    depths: [0.1, 0.5, 0.9]
+    samples: 2
+    limit: null                    # at most N probes per task (or a fraction if < 1)
+    seed: 0
+    batch_size: 1
+    include: [my_tasks/]           # extra task folders, relative to this file
+    plugins: [my_adapter.py]       # Python files/modules that register models, ditto
+
+Grid precedence: command-line flags, then the task entry's overrides, then the suite's
+defaults, then the task spec's own defaults. `${VAR}` in a model spec or a string option is
+replaced by the environment variable (an unset one is an error), so a shared config can name
+checkpoints without editing it.
+"""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import importlib
+import importlib.util
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from evalkit.probe import canonical_json
+from evalkit.taskspec import GridPoint, SpecError, TaskSpec, discover, grid
+
+# Groups every suite knows; a suite's own `groups:` may add more (not replace these).
+BUILTIN_GROUPS: dict[str, tuple[str, ...]] = {"all": ("*",)}
+
+
+class SuiteError(ValueError):
+    """A suite config is invalid; the message names the file (or the command line) and the key."""
+
+
+def _positive_ints(v):
+    if v is not None and (not v or any(x <= 0 for x in v)):
+        raise ValueError("must be a non-empty list of positive integers")
+    return v
+
+
+def _unit_floats(v):
+    if v is not None and (not v or any(not 0.0 <= x <= 1.0 for x in v)):
+        raise ValueError("must be a non-empty list of numbers in [0, 1]")
+    return v
+
+
+class _Grid(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    lengths: tuple[int, ...] | None = None
+    depths: tuple[float, ...] | None = None
+    loads: tuple[int, ...] | None = None
+    samples: int | None = Field(default=None, ge=1)
+
+    _lengths = field_validator("lengths", "loads")(_positive_ints)
+    _depths = field_validator("depths")(_unit_floats)
+
+
+class ModelEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1)       # how results name it
+    spec: str | None = None               # what load_model gets; defaults to `name`
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def load_spec(self) -> str:
+        return self.spec or self.name
+
+
+class TaskEntry(_Grid):
+    name: str = Field(min_length=1)       # a task name, a glob, or a group
+
+
+class Generation(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    stop: tuple[str, ...] = ("\n",)
+    max_new_tokens: int | None = Field(default=None, ge=1)  # None: each question's own budget
+
+
+class SuiteConfig(_Grid):
+    name: str = "adhoc"
+    description: str = ""
+    models: tuple[ModelEntry, ...] = ()
+    tasks: tuple[TaskEntry, ...] = ()
+    groups: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    include: tuple[str, ...] = ()
+    plugins: tuple[str, ...] = ()
+    limit: float | None = Field(default=None, gt=0)
+    seed: int = 0
+    batch_size: int = Field(default=1, ge=1)
+    log_samples: bool = False
+    cache_dir: str | None = None
+    generation: Generation = Generation()
+    lm_eval_tasks: tuple[str, ...] = ()
+
+    @field_validator("models", "tasks", mode="before")
+    @classmethod
+    def _names_to_entries(cls, v):
+        # A bare string is shorthand for {name: ...}; converting first keeps errors simple.
+        if isinstance(v, (list, tuple)):
+            return [{"name": x} if isinstance(x, str) else x for x in v]
+        return v
+
+    @field_validator("limit")
+    @classmethod
+    def _limit(cls, v):
+        if v is not None and v >= 1 and v != int(v):
+            raise ValueError("must be a whole number of probes (>= 1) or a fraction in (0, 1)")
+        return v
+
+
+# -- parsing ------------------------------------------------------------------------------
+
+def _format_errors(where: str, e: ValidationError) -> SuiteError:
+    lines = []
+    for err in e.errors():
+        key = ".".join(str(x) for x in err["loc"])
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key {key!r}")
+        elif err["type"] == "missing":
+            lines.append(f"{where}: missing required key {key!r}")
+        else:
+            lines.append(f"{where}: key {key!r}: {err['msg']} (got {err.get('input')!r})")
+    return SuiteError("\n".join(lines))
+
+
+def validate(raw: Any, where: str) -> SuiteConfig:
+    if not isinstance(raw, dict):
+        raise SuiteError(f"{where}: expected a mapping of keys (models, tasks, ...), "
+                         f"got {type(raw).__name__}")
+    try:
+        return SuiteConfig.model_validate(raw)
+    except ValidationError as e:
+        raise _format_errors(where, e) from None
+
+
+def _absolute(paths: Sequence[str], base: Path) -> tuple[str, ...]:
+    out = []
+    for p in paths:
+        q = Path(os.path.expanduser(p))
+        # A dotted module name stays as is; anything path-like is made absolute.
+        if q.is_absolute() or "/" in p or p.endswith(".py") or (base / q).exists():
+            out.append(str(q if q.is_absolute() else (base / q).resolve()))
+        else:
+            out.append(p)
+    return tuple(out)
+
+
+def load_suite(path: str | os.PathLike) -> SuiteConfig:
+    """Read a suite YAML. `include` and `plugins` paths become absolute (relative to the file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"suite config {path}: no such file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SuiteError(f"{path}: malformed YAML: {e}") from None
+    suite = validate(raw, str(path))
+    base = path.resolve().parent
+    return suite.model_copy(update={"include": _absolute(suite.include, base),
+                                    "plugins": _absolute(suite.plugins, base)})
+
+
+def override(suite: SuiteConfig, where: str, **changes: Any) -> SuiteConfig:
+    """A copy with `changes` (None values ignored), validated as a whole again."""
+    data = suite.model_dump()
+    data.update({k: v for k, v in changes.items() if v is not None})
+    return validate(data, where)
+
+
+# -- resolution -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str
+    spec: str
+    options: dict
+
+
+@dataclass(frozen=True)
+class ResolvedTask:
+    spec: TaskSpec
+    lengths: tuple[int, ...]
+    depths: tuple[float, ...]
+    loads: tuple[int, ...]
+    samples: int
+    points: tuple[GridPoint, ...]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True)
+class ResolvedSuite:
+    suite: SuiteConfig
+    source: str                   # the YAML file, or "command line"
+    models: tuple[ResolvedModel, ...]
+    tasks: tuple[ResolvedTask, ...]
+    config: dict                  # everything that changes results; hashed
+    config_hash: str
+
+    def document(self) -> dict:
+        """config.json: the suite as given (paths absolute), its resolution and hash."""
+        return {"config_hash": self.config_hash, "source": self.source,
+                "suite": self.suite.model_dump(mode="json"), "resolved": self.config}
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand(value: Any, where: str, key: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _expand(v, where, f"{key}.{k}") for k, v in value.items()}
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        var = m.group(1)
+        if var not in os.environ:
+            raise SuiteError(f"{where}: key {key!r}: environment variable {var} is not set "
+                             f"(export it, or write the path into the config)")
+        return os.environ[var]
+    return _VAR.sub(sub, value)
+
+
+def import_plugins(plugins: Sequence[str], where: str) -> None:
+    """Import modules that register models (MODELS.register); each at most once."""
+    for ref in plugins:
+        path = Path(ref)
+        if ref.endswith(".py") or path.is_absolute():
+            if not path.is_file():
+                raise SuiteError(f"{where}: key 'plugins': {ref}: no such file")
+            mod_name = "evalkit_plugin_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+            if mod_name in sys.modules:
+                continue
+            spec = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[mod_name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[mod_name]
+                raise
+        else:
+            try:
+                importlib.import_module(ref)
+            except ModuleNotFoundError as e:
+                raise SuiteError(f"{where}: key 'plugins': module {ref!r} not found ({e})") from None
+
+
+def _check_model(spec: str, where: str, i: int, name: str) -> None:
+    from evalkit.models import MODELS, model_names
+
+    known = model_names()
+    prefix, sep, _ = spec.partition(":")
+    if spec in MODELS or (sep and prefix in MODELS) or Path(spec).expanduser().exists():
+        return
+    raise SuiteError(f"{where}: key 'models.{i}' ({name!r}): unknown model {spec!r} "
+                     f"(known: {', '.join(known) or 'none'}; or give NAME:PATH or a checkpoint path)")
+
+
+def _expand_task_name(pattern: str, names: list[str], groups: dict[str, tuple[str, ...]],
+                      seen: tuple[str, ...] = ()) -> list[str]:
+    if pattern in groups:
+        if pattern in seen:
+            raise SuiteError(f"task group {pattern!r} contains itself (via {' -> '.join(seen)})")
+        out: list[str] = []
+        for member in groups[pattern]:
+            out += _expand_task_name(member, names, groups, seen + (pattern,))
+        return out
+    if pattern in names:
+        return [pattern]
+    if any(c in pattern for c in "*?["):
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if hits:
+            return hits
+        raise SuiteError(f"task pattern {pattern!r} matches no task (known: {', '.join(names)})")
+    raise SuiteError(f"unknown task or group {pattern!r} (tasks: {', '.join(names) or 'none'}; "
+                     f"groups: {', '.join(sorted(groups)) or 'none'})")
+
+
+def apply_limit(points: Sequence[GridPoint], limit: float | None) -> list[GridPoint]:
+    """At most `limit` probes (a fraction if < 1), taken sample-index-first so every grid cell
+    keeps its first samples before any cell gets a second."""
+    if limit is None:
+        return list(points)
+    n = math.ceil(len(points) * limit) if limit < 1 else int(limit)
+    order = sorted(range(len(points)), key=lambda i: (points[i].index, i))
+    return [points[i] for i in sorted(order[:n])]
+
+
+def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
+    """Check models exist, expand task names/globs/groups and compute each task's grid."""
+    import_plugins(suite.plugins, source)
+    if not suite.models:
+        raise SuiteError(f"{source}: no models (give --models or a `models:` list)")
+    if not suite.tasks and not suite.lm_eval_tasks:
+        raise SuiteError(f"{source}: no tasks (give --tasks or a `tasks:` list)")
+    models = []
+    names_seen: set[str] = set()
+    for i, m in enumerate(suite.models):
+        if m.name in names_seen:
+            raise SuiteError(f"{source}: key 'models.{i}': model name {m.name!r} appears twice")
+        names_seen.add(m.name)
+        spec = _expand(m.load_spec, source, f"models.{i}.spec")
+        options = _expand(dict(m.options), source, f"models.{i}.options")
+        _check_model(spec, source, i, m.name)
+        models.append(ResolvedModel(m.name, spec, options))
+
+    try:
+        registry = discover(suite.include)
+    except SpecError as e:
+        raise SuiteError(f"{source}: key 'include': {e}") from None
+    names = registry.names()
+    groups = {**BUILTIN_GROUPS, **suite.groups}
+    chosen: dict[str, TaskEntry] = {}
+    for i, entry in enumerate(suite.tasks):
+        try:
+            expanded = _expand_task_name(entry.name, names, groups)
+        except SuiteError as e:
+            raise SuiteError(f"{source}: key 'tasks.{i}': {e}") from None
+        for name in expanded:
+            prev = chosen.get(name)
+            if prev is not None and prev.model_dump(exclude={"name"}) != entry.model_dump(exclude={"name"}):
+                raise SuiteError(f"{source}: key 'tasks.{i}': task {name!r} is selected twice "
+                                 f"with different grids (by {prev.name!r} and {entry.name!r})")
+            chosen.setdefault(name, entry)
+
+    tasks = []
+    for name, entry in chosen.items():
+        spec = registry.get(name)
+        pick = lambda key: getattr(entry, key) or getattr(suite, key) or getattr(spec.defaults, key)
+        lengths, depths, loads, samples = (pick("lengths"), pick("depths"), pick("loads"),
+                                           pick("samples"))
+        try:
+            points = grid(spec, lengths=lengths, depths=depths, loads=loads, samples=samples,
+                          seed=suite.seed)
+        except SpecError as e:
+            raise SuiteError(f"{source}: task {name!r}: {e}") from None
+        tasks.append(ResolvedTask(spec, tuple(lengths), tuple(float(d) for d in depths),
+                                  tuple(loads), samples,
+                                  tuple(apply_limit(points, suite.limit))))
+
+    # Only what changes results is hashed: not batch size, output paths, logging, or where
+    # task files live (a task's own config hash covers its generator and params).
+    config = {
+        "models": [{"name": m.name, "spec": m.spec, "options": m.options} for m in models],
+        "tasks": [{"task": t.name, "version": t.spec.version, "config_hash": t.spec.config_hash(),
+                   "lengths": list(t.lengths), "depths": list(t.depths), "loads": list(t.loads),
+                   "samples": t.samples, "probes": len(t.points)} for t in tasks],
+        "limit": suite.limit, "seed": suite.seed,
+        "generation": suite.generation.model_dump(mode="json"),
+        "lm_eval_tasks": list(suite.lm_eval_tasks),
+    }
+    digest = hashlib.sha256(canonical_json(config).encode()).hexdigest()
+    return ResolvedSuite(suite, source, tuple(models), tuple(tasks), config, digest)

@@ -1,0 +1,76 @@
+"""`evalkit state MODEL_OR_CONFIG --context N [--dtype bf16] [--json]`.
+
+Prints, without loading weights, a GLA model's parameter count, its recurrent state per
+sequence, the KV cache of a softmax model of the same width and depth at N tokens, and
+their ratio. MODEL_OR_CONFIG: a config.json, a checkpoint folder holding one, "name:PATH",
+or a registered model name whose factory exposes `config_path` (e.g. laplace).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "state", help="state bytes vs a softmax KV cache, from the config alone",
+        description=__doc__.split("\n\n")[1] if __doc__ else None)
+    p.add_argument("model", metavar="MODEL_OR_CONFIG",
+                   help="config.json, checkpoint folder, name:PATH or registered model name")
+    p.add_argument("--context", type=int, default=8192, help="tokens for the KV-cache comparison")
+    p.add_argument("--dtype", default="bf16", help="element type of state and cache (bf16, fp32)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+    return p
+
+
+def resolve_config(spec: str) -> Path:
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path / "config.json" if path.is_dir() else path
+    from evalkit import models
+
+    name, sep, rest = spec.partition(":")
+    models._load_builtins()
+    if sep and name in models.MODELS and rest:
+        return resolve_config(rest)
+    factory = models.MODELS.get(spec)  # raises with close-match suggestions
+    cfg = getattr(factory, "config_path", None)
+    if cfg is None:
+        raise ValueError(f"model {spec!r} has no config without a checkpoint; pass a config.json "
+                         f"or {spec}:PATH")
+    return Path(cfg)
+
+
+def figures(spec: str, context: int, dtype: str = "bf16") -> dict:
+    from evalkit.model_adapters.gla.config import GLAConfig, dtype_name, parse_dtype
+
+    if context < 1:
+        raise ValueError(f"--context must be >= 1, got {context}")
+    cfg_path = resolve_config(spec)
+    cfg = GLAConfig.from_json(cfg_path)
+    dt = parse_dtype(dtype)
+    state, kv = cfg.state_bytes(dt), cfg.kv_bytes(context, dt)
+    return {"config": str(cfg_path), "dtype": dtype_name(dt), "context": context,
+            "parameters": cfg.param_count(), "state_bytes": state, "kv_bytes": kv,
+            "ratio": kv / state}
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        f = figures(args.model, args.context, args.dtype)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        print(f"evalkit state: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(f))
+        return 0
+    print(f"config       {f['config']}")
+    print(f"parameters   {f['parameters']:,} ({f['parameters'] / 1e9:.3f} B)")
+    print(f"state        {f['state_bytes']:,} B per sequence ({f['state_bytes'] / 1e6:.2f} MB, {f['dtype']})")
+    print(f"KV cache     {f['kv_bytes']:,} B for a same-width softmax model at {f['context']:,} tokens "
+          f"({f['kv_bytes'] / 1e9:.3f} GB)")
+    print(f"ratio        {f['ratio']:.1f}x")
+    return 0

@@ -1,0 +1,220 @@
+"""Task specs: typed YAML task definitions, discovery, and probe generation over a grid.
+
+Built-in tasks (the YAML files in `tasks/`) and users' own probes are found by the same
+mechanism: every `*.yaml` in the built-in folder and in each include path is a task spec.
+
+    task: my_password          # registry name
+    version: "1"               # bump when generation changes (results are never mixed across)
+    generator: evalkit.tasks.needle:generate   # module:function; a user's module is found
+                                               # in the spec's include path
+    description: passwords hidden in prose
+    params: {...}              # checked against the generator module's `Params` model
+    defaults: {lengths: [512], depths: [0.5], loads: [1], samples: 2}
+
+Unknown keys and wrong types are errors naming the file, the key and the expected type.
+Probe seeds are derived, never drawn: seed = sha256(task, version, base seed, length, depth,
+load, sample index) reduced to [0, 2^31), so any single probe can be regenerated alone.
+Evaluation seeds always lie below 2^31; training data (`evalkit train-tiny`) uses seeds at or
+above 2^31, so no training item is ever an evaluation item.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from evalkit.probe import Probe, canonical_json
+from evalkit.registry import Registry
+
+def _builtin_dir() -> Path:
+    import evalkit.tasks
+
+    return Path(evalkit.tasks.__file__).resolve().parent
+
+
+class SpecError(ValueError):
+    """A task spec is invalid; the message names the file and the key."""
+
+
+class Defaults(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    lengths: tuple[int, ...] = (1024,)
+    depths: tuple[float, ...] = (0.5,)
+    loads: tuple[int, ...] = (1,)
+    samples: int = Field(default=1, ge=1)
+
+    @field_validator("lengths", "loads")
+    @classmethod
+    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or any(x <= 0 for x in v):
+            raise ValueError("must be a non-empty list of positive integers")
+        return v
+
+    @field_validator("depths")
+    @classmethod
+    def _unit(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v or any(not 0.0 <= x <= 1.0 for x in v):
+            raise ValueError("must be a non-empty list of numbers in [0, 1]")
+        return v
+
+
+class TaskSpecModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    task: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")
+    version: str = "1"
+    generator: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    description: str = ""
+    include_path: tuple[str, ...] = ()
+    params: dict[str, Any] = Field(default_factory=dict)
+    defaults: Defaults = Defaults()
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    version: str
+    description: str
+    source: Path  # the YAML file
+    generator_ref: str
+    params: BaseModel
+    defaults: Defaults
+    generator: Callable[..., Probe]
+
+    def config_hash(self) -> str:
+        """Identity of the generation config: results from different hashes never mix."""
+        d = {"task": self.name, "version": self.version, "generator": self.generator_ref,
+             "params": self.params.model_dump(mode="json")}
+        return hashlib.sha256(canonical_json(d).encode()).hexdigest()
+
+
+def _fmt_loc(loc: Sequence[Any]) -> str:
+    return ".".join(str(x) for x in loc)
+
+
+def _pydantic_error(path: Path, prefix: str, e: ValidationError) -> SpecError:
+    lines = []
+    for err in e.errors():
+        key = _fmt_loc([prefix, *err["loc"]] if prefix else err["loc"])
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{path}: unknown key {key!r}")
+        elif err["type"] == "missing":
+            lines.append(f"{path}: missing required key {key!r}")
+        else:
+            got = err.get("input")
+            lines.append(f"{path}: key {key!r}: {err['msg']} (got {got!r})")
+    return SpecError("\n".join(lines))
+
+
+def _import_generator(ref: str, path: Path, include: Sequence[Path]) -> tuple[Callable, type]:
+    mod_name, _, fn_name = ref.partition(":")
+    added = [str(p) for p in include if str(p) not in sys.path]
+    sys.path[:0] = added
+    try:
+        try:
+            module = importlib.import_module(mod_name)
+        except ModuleNotFoundError as e:
+            raise SpecError(f"{path}: key 'generator': module {mod_name!r} not found "
+                            f"(include path: {[str(p) for p in include] or 'none'}; {e})") from e
+    finally:
+        for p in added:
+            sys.path.remove(p)
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise SpecError(f"{path}: key 'generator': {mod_name!r} has no function {fn_name!r}")
+    params_cls = getattr(module, "Params", None)
+    if not (isinstance(params_cls, type) and issubclass(params_cls, BaseModel)):
+        raise SpecError(f"{path}: key 'generator': module {mod_name!r} must define a pydantic "
+                        f"`Params` model describing its params")
+    return fn, params_cls
+
+
+def load_spec(path: str | Path) -> TaskSpec:
+    """Parse and validate one task YAML. Every problem is a SpecError naming the file and key."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such task file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: malformed YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: expected a mapping of keys (task, generator, params, ...), "
+                        f"got {type(raw).__name__}")
+    try:
+        m = TaskSpecModel.model_validate(raw)
+    except ValidationError as e:
+        raise _pydantic_error(path, "", e) from None
+    include = [(path.parent / p).resolve() for p in m.include_path] or [path.parent.resolve()]
+    fn, params_cls = _import_generator(m.generator, path, include)
+    try:
+        params = params_cls.model_validate(m.params)
+    except ValidationError as e:
+        raise _pydantic_error(path, "params", e) from None
+    return TaskSpec(m.task, m.version, m.description, path.resolve(), m.generator, params,
+                    m.defaults, fn)
+
+
+def discover(include_paths: Sequence[str | Path] = ()) -> Registry[TaskSpec]:
+    """All task specs: built-in ones first, then each include path's. Name clashes are errors."""
+    reg: Registry[TaskSpec] = Registry("task")
+    folders = [_builtin_dir(), *[Path(p) for p in include_paths]]
+    for folder in folders:
+        if not folder.exists():
+            raise SpecError(f"include path {folder}: does not exist")
+        files = [folder] if folder.is_file() else sorted(folder.glob("*.yaml"))
+        for f in files:
+            spec = load_spec(f)
+            reg.add(spec.name, spec, origin=str(f))
+    return reg
+
+
+EVAL_SEED_MASK = (1 << 31) - 1  # evaluation seeds < 2^31; training seeds >= 2^31
+
+
+def probe_seed(spec: TaskSpec, base_seed: int, length: int, depth: float, load: int,
+               index: int) -> int:
+    key = canonical_json([spec.name, spec.version, base_seed, length, float(depth), load, index])
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") & EVAL_SEED_MASK
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    length: int
+    depth: float
+    load: int
+    index: int
+    seed: int
+
+
+def grid(spec: TaskSpec, *, lengths: Sequence[int] | None = None,
+         depths: Sequence[float] | None = None, loads: Sequence[int] | None = None,
+         samples: int | None = None, seed: int = 0) -> list[GridPoint]:
+    d = spec.defaults
+    lengths = tuple(lengths or d.lengths)
+    depths = tuple(d.depths if depths is None else depths)
+    loads = tuple(loads or d.loads)
+    samples = samples or d.samples
+    for x in depths:
+        if not 0.0 <= x <= 1.0:
+            raise SpecError(f"depth={x} outside [0, 1]")
+    for x in lengths:
+        if x <= 0:
+            raise SpecError(f"length={x} must be a positive number of tokens")
+    for x in loads:
+        if x <= 0:
+            raise SpecError(f"load={x} must be a positive number of facts")
+    return [GridPoint(L, float(dp), n, i, probe_seed(spec, seed, L, dp, n, i))
+            for L in lengths for dp in depths for n in loads for i in range(samples)]
+
+
+def generate_probes(spec: TaskSpec, tokenizer: Any, points: Sequence[GridPoint]) -> Iterator[Probe]:
+    for p in points:
+        yield spec.generator(spec.params, task=spec.name, version=spec.version,
+                             tokenizer=tokenizer, length=p.length, depth=p.depth, load=p.load,
+                             seed=p.seed)

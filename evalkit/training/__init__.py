@@ -1,0 +1,1 @@
+"""Training the matched tiny GLA/softmax pair (`evalkit train-tiny`)."""

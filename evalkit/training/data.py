@@ -1,0 +1,95 @@
+"""Training sequences made by the task plugins, with seeds disjoint from every evaluation seed.
+
+Evaluation probes use seeds below 2^31 (evalkit.taskspec.EVAL_SEED_MASK); training seeds are
+2^31 + i. A training sequence is a probe's context followed by each of its questions with the
+gold answer and a newline, so one sequence supervises several recalls:
+
+    [bos] context ... "\\nWhat is the magic number for Lisbon?\\nThe magic number for Lisbon is"
+    " 4821" "\\n" "\\nWhat is ..." ...
+
+Targets: every next token (language modelling), with answer tokens weighted up so recall is
+learned within a short CPU budget.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from evalkit.render import continuation_ids, render
+from evalkit.taskspec import EVAL_SEED_MASK, TaskSpec
+from evalkit.tokenization import encode
+
+TRAIN_SEED_BASE = EVAL_SEED_MASK + 1  # 2^31
+
+
+@dataclass(frozen=True)
+class Sequence_:
+    ids: tuple[int, ...]
+    answer_mask: tuple[bool, ...]  # True where the target token is part of an answer
+
+
+def training_sequence(spec: TaskSpec, tokenizer: Any, *, length: int, depth: float, load: int,
+                      seed: int) -> Sequence_:
+    if seed < TRAIN_SEED_BASE:
+        raise ValueError(f"training seed {seed} is below 2^31: it could be an evaluation seed")
+    probe = spec.generator(spec.params, task=spec.name, version=spec.version,
+                           tokenizer=tokenizer, length=length, depth=depth, load=load, seed=seed)
+    r = render(probe, tokenizer)
+    ids: list[int] = []
+    mask: list[bool] = []
+    done = 0
+    newline = encode(tokenizer, "\n")
+    for qi, q in sorted(enumerate(probe.questions), key=lambda x: x[1].after_segment):
+        for piece in r.context[done:q.after_segment]:
+            ids += piece
+            mask += [False] * len(piece)
+        done = max(done, q.after_segment)
+        ids += r.questions[qi]
+        mask += [False] * len(r.questions[qi])
+        ans = continuation_ids(tokenizer, ", ".join(q.gold)) + newline
+        ids += ans
+        mask += [True] * len(ans)
+    for piece in r.context[done:]:
+        ids += piece
+        mask += [False] * len(piece)
+    return Sequence_(tuple(ids), tuple(mask))
+
+
+def make_pool(specs: Sequence[TaskSpec], tokenizer: Any, *, lengths: Sequence[int],
+              loads: dict[str, Sequence[int]], n: int, seed_offset: int = 0) -> list[Sequence_]:
+    """n sequences cycling over tasks; length, depth and load drawn from a seeded RNG."""
+    rng = random.Random(seed_offset)
+    pool = []
+    for i in range(n):
+        spec = specs[i % len(specs)]
+        length = rng.choice(list(lengths))
+        load = rng.choice(list(loads.get(spec.name, (1,))))
+        depth = rng.random()
+        seed = TRAIN_SEED_BASE + seed_offset + i
+        try:
+            pool.append(training_sequence(spec, tokenizer, length=length, depth=depth, load=load,
+                                          seed=seed))
+        except ValueError as e:  # e.g. a load that cannot fit this length: name the draw
+            raise ValueError(f"training data: task {spec.name} length={length} load={load}: {e}")
+    return pool
+
+
+def batch(seqs: Sequence[Sequence_], seq_len: int, pad_id: int,
+          answer_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad to seq_len. Returns inputs [B, T], targets [B, T], weights [B, T]."""
+    B = len(seqs)
+    x = torch.full((B, seq_len), pad_id, dtype=torch.long)
+    y = torch.full((B, seq_len), pad_id, dtype=torch.long)
+    w = torch.zeros((B, seq_len))
+    for b, s in enumerate(seqs):
+        if len(s.ids) > seq_len + 1:
+            raise ValueError(f"training sequence of {len(s.ids)} tokens exceeds seq_len+1="
+                             f"{seq_len + 1}; lower the probe lengths")
+        n = len(s.ids) - 1
+        x[b, :n] = torch.tensor(s.ids[:-1])
+        y[b, :n] = torch.tensor(s.ids[1:])
+        w[b, :n] = torch.tensor([answer_weight if m else 1.0 for m in s.answer_mask[1:]])
+    return x, y, w

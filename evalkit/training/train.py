@@ -1,0 +1,132 @@
+"""Train the matched tiny pair: our GLA and a transformers Llama on the same data, same steps.
+
+Both models share the tiny tokenizer, the width, depth and head count; their parameter counts
+must lie within 5 % of each other (checked before training). Each step feeds both models the
+identical batch, with the identical optimizer and schedule, so the only difference is the
+mixer: a fixed recurrent state against a growing KV cache.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from evalkit.training.data import TRAIN_SEED_BASE, batch, make_pool
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tasks: tuple[str, ...]
+    loads: dict[str, tuple[int, ...]] = Field(default_factory=dict)  # per task; default (1,)
+    seq_len: int = 1024                   # trained length: the pair is evaluated up to here
+    lengths: tuple[int, ...] = (256, 512, 1024)  # probe lengths drawn for training sequences
+    answer_room: int = 64                 # tokens left after the probe for gold answers
+    pool: int = 1200                      # distinct training sequences (cycled)
+    steps: int = 600
+    batch_tokens: int = 8192              # tokens per step; batch = batch_tokens // seq_len
+    lr: float = 3e-3
+    warmup: int = 50
+    weight_decay: float = 0.1
+    answer_weight: float = 5.0
+    seed: int = 0
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 352
+    threads: int = 2
+
+
+def build_pair(cfg: TrainConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from evalkit.model_adapters.gla.checkpoint import build_model
+    from evalkit.model_adapters.gla.config import GLAConfig
+
+    gla_cfg = GLAConfig(vocab_size=vocab_size, hidden_size=cfg.hidden_size,
+                        num_hidden_layers=cfg.num_layers, num_heads=cfg.num_heads,
+                        expand_k=0.5, expand_v=1.0, intermediate_size=cfg.intermediate_size,
+                        use_short_conv=True, conv_size=4, max_position_embeddings=cfg.seq_len,
+                        bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
+                        tie_word_embeddings=False)
+    torch.manual_seed(cfg.seed)
+    gla = build_model(gla_cfg)
+    llama_cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=cfg.hidden_size,
+                            intermediate_size=cfg.intermediate_size,
+                            num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                            num_key_value_heads=cfg.num_heads,
+                            max_position_embeddings=cfg.seq_len, rope_theta=10000.0,
+                            bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
+                            tie_word_embeddings=False, attn_implementation="sdpa")
+    torch.manual_seed(cfg.seed)
+    llama = LlamaForCausalLM(llama_cfg)
+    n_gla, n_llama = (sum(p.numel() for p in m.parameters()) for m in (gla, llama))
+    if abs(n_gla - n_llama) / n_llama > 0.05:
+        raise ValueError(f"tiny pair parameters differ by more than 5 %: GLA {n_gla:,} vs "
+                         f"Llama {n_llama:,}; adjust intermediate_size or widths")
+    return gla, gla_cfg, llama
+
+
+def _lr(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def _loss(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                          reduction="none")
+    return (nll * w.reshape(-1)).sum() / w.sum()
+
+
+def train_pair(cfg: TrainConfig, tokenizer: Any, log=print) -> dict:
+    from evalkit.taskspec import discover
+
+    torch.set_num_threads(cfg.threads)
+    reg = discover()
+    specs = [reg.get(t) for t in cfg.tasks]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    gla, gla_cfg, llama = build_pair(cfg, len(tokenizer), pad, tokenizer.bos_token_id,
+                                     tokenizer.eos_token_id)
+    t0 = time.time()
+    lengths = [n - cfg.answer_room for n in cfg.lengths]
+    pool = make_pool(specs, tokenizer, lengths=lengths, loads=cfg.loads, n=cfg.pool)
+    log(f"data: {len(pool)} sequences from {', '.join(cfg.tasks)} in {time.time() - t0:.0f}s; "
+        f"seeds {TRAIN_SEED_BASE}..{TRAIN_SEED_BASE + cfg.pool - 1}")
+    models = {"gla": gla, "softmax": llama}
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                                 weight_decay=cfg.weight_decay) for k, m in models.items()}
+    history: dict[str, list[float]] = {k: [] for k in models}
+    seconds = {k: 0.0 for k in models}
+    rng = random.Random(cfg.seed)
+    bsz = max(1, cfg.batch_tokens // cfg.seq_len)
+    for step in range(cfg.steps):
+        x, y, w = batch(rng.sample(pool, bsz), cfg.seq_len, pad, cfg.answer_weight)
+        for k, m in models.items():
+            for g in opts[k].param_groups:
+                g["lr"] = _lr(step, cfg)
+            t = time.time()
+            m.train()
+            logits = m(x) if k == "gla" else m(input_ids=x).logits
+            loss = _loss(logits, y, w)
+            opts[k].zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            opts[k].step()
+            seconds[k] += time.time() - t
+            history[k].append(float(loss))
+        if step % 25 == 0 or step == cfg.steps - 1:
+            log(f"step {step:4d}  gla {history['gla'][-1]:.3f}  softmax "
+                f"{history['softmax'][-1]:.3f}  ({seconds['gla']:.0f}s / {seconds['softmax']:.0f}s)")
+    return {"gla": (gla, gla_cfg), "softmax": llama, "history": history, "seconds": seconds,
+            "params": {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}}
+
+
+def final_loss(history: list[float], window: int = 25) -> float:
+    tail = history[-window:]
+    return sum(tail) / len(tail)

