@@ -15,6 +15,7 @@ COMMANDS = {
     "run": "evalkit.run_cmd",
     "publish": "evalkit.publish_cmd",
     "train-tiny": "evalkit.train_cmd",
+    "lm-eval-export": "evalkit.lm_eval_tasks",
 }
 
 

@@ -7,9 +7,13 @@ For every task and length the folder gets (L = target length in the tokenizer's 
 - data/<task>_<L>.jsonl: one lm-eval doc per probe question: the prompt text (context up to the
   question, the question and the answer prefix), gold, candidates and the probe's coordinates
   (probe id/hash, length, depth, load, distance) so lm-eval's samples can be joined with evalkit's.
-- evalkit_<task>_<L>.yaml: a generate_until task (greedy, until "\\n", max_gen_toks = the largest
-  per-question budget), scored by evalkit.scoring (exact_match, contains, normalized_match,
-  string_match_all, string_match_part, partial_credit) in utils.py's process_results.
+- evalkit_<task>_<L>.yaml: a generate_until task answered as evalkit's runner answers it: greedy,
+  each question's own token budget (max_new_tokens) and stop strings -- set per doc by
+  utils.EvalkitGenerateTask -- scored by evalkit.scoring (exact_match, contains,
+  normalized_match, string_match_all, string_match_part, partial_credit) in process_results.
+  Stop strings: `stop` if given (match the run's generation.stop), else a probe's own
+  meta.extra "stop", else the built-in tasks' convention evalkit.tasks.common.STOP_STRINGS
+  ("\\n", "."): every fact ends with "." right after its value.
 - evalkit_<task>_choice_<L>.yaml (tasks whose questions carry candidates): the same prompts as
   lm-eval multiple_choice over " " + candidate, scored by evalkit's strict forced choice
   (ties count as wrong, unlike lm-eval's acc).
@@ -36,7 +40,16 @@ from evalkit import atomic
 
 GEN_METRICS = ("exact_match", "contains", "normalized_match", "string_match_all",
                "string_match_part", "partial_credit")
-UNTIL = ["\n"]
+
+
+def default_stop() -> tuple[str, ...]:
+    """The built-in tasks' stop convention (evalkit.tasks.common.STOP_STRINGS)."""
+    try:
+        from evalkit.tasks.common import STOP_STRINGS
+    except ImportError:
+        return ("\n",)
+    return tuple(STOP_STRINGS)
+
 
 UTILS_PY = '''"""Written by `evalkit lm-eval-export`: scores lm-eval results with evalkit.scoring."""
 from lm_eval.api.task import ConfigurableTask
@@ -45,8 +58,8 @@ from evalkit.scoring import GENERATION_METRICS, forced_choice
 
 
 class EvalkitGenerateTask(ConfigurableTask):
-    """generate_until with each question's own token budget, as evalkit's runner uses it
-    (a plain YAML task has one max_gen_toks for every doc)."""
+    """generate_until with each question's own token budget and the probe's stop strings, as
+    evalkit's runner answers it (a plain YAML task has one generation_kwargs for every doc)."""
 
     def __init__(self, config=None, **kwargs):
         # lm-eval hands the whole YAML over, including the `class` key TaskConfig rejects
@@ -57,6 +70,7 @@ class EvalkitGenerateTask(ConfigurableTask):
         req = super().construct_requests(doc, ctx, **kwargs)
         for r in req if isinstance(req, list) else [req]:
             r.arguments[1]["max_gen_toks"] = int(doc["max_new_tokens"])
+            r.arguments[1]["until"] = list(doc["stop"])
         return req
 
 
@@ -84,9 +98,10 @@ def _prompt_texts(probe: Any, tokenizer: Any) -> list[str]:
     return ["".join(ctx[: q.after_segment]) + qs[i] for i, q in enumerate(probe.questions)]
 
 
-def probe_docs(probe: Any, tokenizer: Any) -> list[dict]:
+def probe_docs(probe: Any, tokenizer: Any, stop: Sequence[str] | None = None) -> list[dict]:
     from evalkit.render import prompt_length
 
+    stop = list(stop or dict(probe.meta.extra).get("stop") or default_stop())
     docs = []
     for i, (q, text) in enumerate(zip(probe.questions, _prompt_texts(probe, tokenizer))):
         docs.append({
@@ -98,6 +113,7 @@ def probe_docs(probe: Any, tokenizer: Any) -> list[dict]:
             "prompt_tokens": prompt_length(probe, tokenizer, i),
             "depth": float(q.depth), "load": probe.meta.load, "distance": q.distance,
             "seed": probe.meta.seed, "tokenizer_hash": probe.meta.tokenizer_hash,
+            "stop": stop,
         })
     return docs
 
@@ -112,7 +128,8 @@ def _yaml_dump(obj: dict, function_keys: Sequence[str] = ()) -> str:
     return text
 
 
-def _gen_task_yaml(name: str, tags: list[str], data: Path, max_gen: int, meta: dict) -> str:
+def _gen_task_yaml(name: str, tags: list[str], data: Path, max_gen: int, until: list[str],
+                   meta: dict) -> str:
     cfg = {
         "task": name, "tag": tags, "class": "__fn__",
         "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
@@ -121,8 +138,8 @@ def _gen_task_yaml(name: str, tags: list[str], data: Path, max_gen: int, meta: d
         "process_results": "__fn__",
         "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True}
                         for m in GEN_METRICS],
-        "generation_kwargs": {"until": UNTIL, "max_gen_toks": max_gen, "do_sample": False,
-                              "temperature": 0.0},
+        "generation_kwargs": {"until": until, "max_gen_toks": max_gen,
+                              "do_sample": False, "temperature": 0.0},
         "repeats": 1, "num_fewshot": 0, "metadata": meta,
     }
     return _yaml_dump(cfg, ["process_results"]).replace(
@@ -146,14 +163,24 @@ def _choice_task_yaml(name: str, tags: list[str], data: Path, meta: dict) -> str
         "process_results: !function utils.process_results_choice")
 
 
+def _version_number(version: str) -> float:
+    """lm-eval wants a number; evalkit versions are strings ("1", "2.1"), kept in metadata."""
+    try:
+        return float(version)
+    except ValueError:
+        return 1.0
+
+
 def export_tasks(tasks: Sequence[str], out_dir: str | Path, *, tokenizer: Any,
                  lengths: Sequence[int] | None = None, depths: Sequence[float] | None = None,
                  loads: Sequence[int] | None = None, samples: int | None = None, seed: int = 0,
-                 include_paths: Sequence[str | Path] = (), choice: bool = True) -> dict:
+                 include_paths: Sequence[str | Path] = (), choice: bool = True,
+                 stop: Sequence[str] | None = None) -> dict:
     """Write lm-eval task YAMLs, utils.py and jsonl data for `tasks` into `out_dir`.
 
     `tokenizer`: a tokenizer object or a path (folder or tokenizer.json); lengths are in its
-    tokens. Returns the manifest (also written to evalkit_export.json).
+    tokens. `stop`: stop strings for every question (default: see the module doc).
+    Returns the manifest (also written to evalkit_export.json).
     """
     from evalkit.taskspec import discover, generate_probes, grid
     from evalkit.tokenization import load_tokenizer, tokenizer_hash
@@ -167,31 +194,32 @@ def export_tasks(tasks: Sequence[str], out_dir: str | Path, *, tokenizer: Any,
     (out / "data").mkdir(parents=True, exist_ok=True)
     atomic.write_text(out / "utils.py", UTILS_PY)
     manifest: dict[str, Any] = {"tokenizer_hash": tokenizer_hash(tok), "seed": seed,
-                                "until": UNTIL, "tasks": {}}
+                                "stop": list(stop) if stop else None, "tasks": {}}
     for spec in specs:
         points = grid(spec, lengths=lengths, depths=depths, loads=loads, samples=samples,
                       seed=seed)
         by_length: dict[int, list[dict]] = {}
         for point, probe in zip(points, generate_probes(spec, tok, points)):
-            by_length.setdefault(point.length, []).extend(probe_docs(probe, tok))
+            by_length.setdefault(point.length, []).extend(probe_docs(probe, tok, stop))
         entry = {"version": spec.version, "config_hash": spec.config_hash(), "lm_eval_tasks": {}}
         base = f"evalkit_{spec.name}".replace("-", "_").replace(".", "_")
         for length, docs in sorted(by_length.items()):
             data = out / "data" / f"{spec.name}_{length}.jsonl"
             atomic.write_jsonl(data, docs)
-            meta = {"version": float(spec.version) if spec.version.replace(".", "", 1).isdigit()
-                    else 1.0, "evalkit_task": spec.name, "evalkit_task_version": spec.version,
+            meta = {"version": _version_number(spec.version), "evalkit_task": spec.name,
+                    "evalkit_task_version": spec.version,
                     "evalkit_config_hash": spec.config_hash(), "target_length": length,
                     "tokenizer_hash": manifest["tokenizer_hash"], "seed": seed}
             name = f"{base}_{length}"
             max_gen = max(d["max_new_tokens"] for d in docs)
+            until = docs[0]["stop"] if docs else list(default_stop())
             atomic.write_text(out / f"{name}.yaml",
-                              _gen_task_yaml(name, [base, "evalkit"], data, max_gen, meta))
+                              _gen_task_yaml(name, [base, "evalkit"], data, max_gen, until, meta))
             made = {name: {"docs": len(docs), "output_type": "generate_until"}}
             if choice and docs and all(len(d["candidates"]) >= 2 for d in docs):
                 cname = f"{base}_choice_{length}"
-                atomic.write_text(out / f"{cname}.yaml",
-                                  _choice_task_yaml(cname, [f"{base}_choice", "evalkit"], data, meta))
+                text = _choice_task_yaml(cname, [f"{base}_choice", "evalkit"], data, meta)
+                atomic.write_text(out / f"{cname}.yaml", text)
                 made[cname] = {"docs": len(docs), "output_type": "multiple_choice"}
             entry["lm_eval_tasks"].update(made)
         manifest["tasks"][spec.name] = entry
@@ -211,6 +239,13 @@ def _csv(cast):
     return parse
 
 
+def _unescape(text: str) -> str:
+    out = text.encode("utf-8").decode("unicode_escape")
+    if not out:
+        raise argparse.ArgumentTypeError("a stop string cannot be empty")
+    return out
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("lm-eval-export",
                        help="write evalkit tasks as an lm-eval include path (YAML + jsonl data)")
@@ -224,6 +259,9 @@ def add_parser(sub) -> None:
     p.add_argument("--samples", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--include", action="append", default=[], help="folder of task YAMLs")
+    p.add_argument("--stop", action="append", type=_unescape,
+                   help="a stop string (repeatable; escapes like \\n allowed); default: the "
+                        "tasks' convention, newline and period")
     p.add_argument("--no-choice", action="store_true",
                    help="skip the forced-choice (multiple_choice) variants")
     p.add_argument("--out", required=True, help="folder to write (lm-eval --include_path)")
@@ -233,7 +271,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     manifest = export_tasks(args.tasks, args.out, tokenizer=args.tokenizer, lengths=args.lengths,
                             depths=args.depths, loads=args.loads, samples=args.samples,
-                            seed=args.seed, include_paths=args.include, choice=not args.no_choice)
+                            seed=args.seed, include_paths=args.include, choice=not args.no_choice,
+                            stop=args.stop)
     for task, entry in manifest["tasks"].items():
         for name, info in entry["lm_eval_tasks"].items():
             print(f"{name}: {info['docs']} docs ({info['output_type']})")

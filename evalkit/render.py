@@ -9,7 +9,8 @@ Chat probes:   the tokenizer's chat template, split into one text piece per turn
                piece is what the template adds for it), then the question as a user turn, the
                generation prompt and the answer prefix. Tokenizers without a chat template use a
                plain "role: text" rendering.
-Answers are continued after the answer prefix with a leading space: " " + value.
+Answers are continued after the answer prefix with a leading space: " " + value, and end at
+the first ANSWER_STOP string (values never contain a newline or a period; facts end with one).
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from typing import Any, Sequence
 
 from evalkit.probe import Probe, Question, Segment
 from evalkit.tokenization import bos_ids, encode
+
+
+ANSWER_STOP = ("\n", ".")
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,7 @@ def _template(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> 
     return text + ("assistant:" if generation_prompt else "")
 
 
-def _chat_pieces(tokenizer: Any, probe: Probe) -> tuple[list[str], list[str]]:
-    turns = list(probe.context)
+def _pieces_quadratic(tokenizer: Any, probe: Probe, turns: list[Segment]) -> list[str]:
     full = [_template(tokenizer, _chat_messages(turns[:i]), False) for i in range(len(turns) + 1)]
     ctx: list[str] = []
     for i in range(len(turns)):
@@ -61,11 +64,36 @@ def _chat_pieces(tokenizer: Any, probe: Probe) -> tuple[list[str], list[str]]:
             raise ValueError(f"probe {probe.id}: the chat template of this tokenizer re-renders "
                              f"earlier turns when turn {i} is added, so turns cannot be streamed")
         ctx.append(full[i + 1][len(full[i]):])
+    return ctx
+
+
+def _pieces_windowed(tokenizer: Any, turns: list[Segment]) -> list[str] | None:
+    """Each turn's piece from a two-turn window: linear in the number of turns. None when the
+    template is not local (the pieces do not add up to the whole rendering)."""
+    from jinja2 import TemplateError
+
+    ctx: list[str] = []
+    try:
+        for i in range(len(turns)):
+            a = _template(tokenizer, _chat_messages(turns[max(0, i - 1):i]), False)
+            b = _template(tokenizer, _chat_messages(turns[max(0, i - 1):i + 1]), False)
+            if not b.startswith(a):
+                return None
+            ctx.append(b[len(a):])
+    except TemplateError:  # e.g. a template that insists on user/assistant alternation
+        return None
+    whole = _template(tokenizer, _chat_messages(turns), False)
+    return ctx if "".join(ctx) == whole else None
+
+
+def _chat_pieces(tokenizer: Any, probe: Probe) -> tuple[list[str], list[str]]:
+    turns = list(probe.context)
+    ctx = _pieces_windowed(tokenizer, turns) or _pieces_quadratic(tokenizer, probe, turns)
     qs: list[str] = []
     for q in probe.questions:
         msgs = _chat_messages(turns[: q.after_segment] + [Segment(q.text, "user")])
         text = _template(tokenizer, msgs, True)
-        base = full[q.after_segment]
+        base = "".join(ctx[: q.after_segment])
         if not text.startswith(base):
             raise ValueError(f"probe {probe.id}: chat template re-renders earlier turns for a question")
         qs.append(text[len(base):] + q.answer_prefix)

@@ -149,3 +149,54 @@ MODEL_INFO["smollm2-135m"] = {
 # Tiny recall pair (issue 4, part 4): `recall-gla-tiny` / `recall-softmax-tiny` are registered
 # here by the engineer who trains them (weights as package data under model_adapters/).
 # ---------------------------------------------------------------------------------------------
+TINY_DIR = Path(__file__).resolve().parent / "tiny"
+TINY_TRAINED_LENGTH = 1024  # configs/train_tiny.yaml seq_len: never evaluated beyond it
+
+
+def _tiny_folder(name: str) -> Path:
+    folder = TINY_DIR / name
+    if not (folder / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{name}: checkpoint {folder} is missing; it ships with the repo "
+                                f"(re-create it with `evalkit train-tiny`)")
+    return folder
+
+
+@MODELS.register("recall-gla-tiny")
+def recall_gla_tiny(path: str | None = None, **options: Any):
+    from evalkit.model_adapters.gla_adapter import GLAAdapter
+
+    if path:
+        raise ValueError("recall-gla-tiny is an embedded model and takes no path")
+    options.setdefault("max_length", TINY_TRAINED_LENGTH)
+    return GLAAdapter(str(_tiny_folder("recall-gla-tiny")), name="recall-gla-tiny", **options)
+
+
+@MODELS.register("recall-softmax-tiny")
+def recall_softmax_tiny(path: str | None = None, **options: Any) -> SoftmaxAdapter:
+    if path:
+        raise ValueError("recall-softmax-tiny is an embedded model and takes no path")
+    options.setdefault("max_length", TINY_TRAINED_LENGTH)
+    options.setdefault("name", "recall-softmax-tiny")
+    return SoftmaxAdapter(_tiny_folder("recall-softmax-tiny"), **options)
+
+
+def _describe_gla_tiny(n_tokens: int = 8192, **_: Any) -> dict:
+    from evalkit.model_adapters.gla.config import GLAConfig
+
+    cfg = GLAConfig.from_json(_tiny_folder("recall-gla-tiny") / "config.json")
+    return {"parameters": cfg.param_count(), "state_kind": "recurrent",
+            "state_bytes": cfg.state_bytes("float32"), "dtype": "fp32",
+            "max_length": TINY_TRAINED_LENGTH}
+
+
+def _describe_softmax_tiny(n_tokens: int = 8192, **options: Any) -> dict:
+    d = describe_checkpoint(_tiny_folder("recall-softmax-tiny"), n_tokens=n_tokens, **options)
+    return {**d, "max_length": TINY_TRAINED_LENGTH}
+
+
+MODEL_INFO["recall-gla-tiny"] = {
+    "kind": "gla", "describe": _describe_gla_tiny,
+    "description": "tiny GLA trained here on task-plugin text (1024 tokens); twin of recall-softmax-tiny"}
+MODEL_INFO["recall-softmax-tiny"] = {
+    "kind": "softmax", "describe": _describe_softmax_tiny,
+    "description": "tiny Llama trained here on the same data/steps/optimizer as recall-gla-tiny"}

@@ -57,7 +57,7 @@ def _resolve_device(device: str) -> torch.device:
 class GLAAdapter:
     state_kind = "recurrent"
 
-    def __init__(self, path: str, *, name: str = "gla", device: str = "cpu", dtype: str = "fp32",
+    def __init__(self, path: str, *, name: str | None = None, device: str = "cpu", dtype: str = "fp32",
                  chunk_size: int = 128, max_length: int | None = None, prefill_segment: int = 2048,
                  compile: bool | None = None, batch_buckets: Sequence[int] = (1, 2, 4, 8),
                  length_buckets: Sequence[int] | None = None, compile_backend: Any = None,
@@ -66,20 +66,23 @@ class GLAAdapter:
         self.device_name = device
         self.dtype = parse_dtype(dtype)
         if self.dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"{name}: dtype must be fp32 or bf16, got {dtype!r}")
+            raise ValueError(f"{name or path}: dtype must be fp32 or bf16, got {dtype!r}")
         dev = _resolve_device(device)
         self.model, self.config = load_checkpoint(self.path, device=dev, dtype=self.dtype)
         self.model.set_ops(mode="chunk", chunk_size=chunk_size)
         self.model.prefill_segment = prefill_segment
         self.chunk_size = chunk_size
-        self.name = f"{name}:{self.path.name}"
+        self.name = name or f"gla:{self.path.name}"
         self.tokenizer = load_tokenizer(tokenizer or self.path)
+        if len(self.tokenizer) > self.config.vocab_size:
+            raise ValueError(f"{self.name}: the tokenizer has {len(self.tokenizer)} tokens but the "
+                             f"model's vocab_size is {self.config.vocab_size} ({self.path / 'config.json'})")
         self.max_length = max_length if max_length is not None else self._config_max_length()
         self.compiled = (device == "neuron") if compile is None else bool(compile)
         if device == "neuron" and not self.compiled:
-            raise ValueError(f"{name}: the neuron backend runs compiled, static shapes only")
-        lengths = tuple(length_buckets) if length_buckets else tuple(
-            n for n in (chunk_size, 4 * chunk_size, 16 * chunk_size))
+            raise ValueError(f"{self.name}: the neuron backend runs compiled, static shapes only")
+        lengths = tuple(length_buckets) if length_buckets else (chunk_size, 4 * chunk_size,
+                                                                 16 * chunk_size)
         self.buckets = BucketSpec(tuple(batch_buckets), lengths)
         backend = compile_backend or ("neuron" if device == "neuron" else "inductor")
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -180,6 +183,14 @@ class GLAAdapter:
     def state_bytes(self, state: GLASequence) -> int:
         return state.state.nbytes()
 
+    def state_tensors(self, state: GLASequence) -> list[torch.Tensor]:
+        """The tensors `state_bytes` counts: per layer S [1, H, d_k, d_v] and the conv tails."""
+        return state.state.tensors()
+
+    def state_bytes_at(self, n_tokens: int) -> int:
+        """Analytic state size after n_tokens (the same for every length; fp32 state)."""
+        return self.config.state_bytes(torch.float32)
+
     def identity(self) -> dict:
         if self._weights_hash is None:
             self._weights_hash = weights_sha256(self.path)
@@ -199,11 +210,12 @@ def _factory(name: str, config_path: Path | None = None):
         if not path:
             raise ValueError(f"{name}: needs a checkpoint folder, e.g. '{name}:/ckpt/gla-340m' "
                              f"(config.json + model.safetensors + tokenizer files)")
-        known = set(inspect.signature(GLAAdapter.__init__).parameters) - {"self", "path", "name"}
+        known = set(inspect.signature(GLAAdapter.__init__).parameters) - {"self", "path"}
         unknown = sorted(set(options) - known)
         if unknown:
             raise TypeError(f"{name}: unknown options {unknown} (expected {', '.join(sorted(known))})")
-        return GLAAdapter(path, name=name, **options)
+        options.setdefault("name", f"{name}:{Path(path).expanduser().name}")
+        return GLAAdapter(path, **options)
     make.config_path = config_path  # what `evalkit state NAME` reads without weights
     return make
 

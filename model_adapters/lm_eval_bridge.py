@@ -45,7 +45,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterator, Sequence
 
-import lm_eval.models  # noqa: F401  -- fills lm-eval's lazy registry first (see _register)
+# Import lm-eval's model table before registering: get_model() loads it only while the registry
+# is empty, so registering "evalkit" first would hide "hf" and the other built-in models.
+import lm_eval.models  # noqa: F401
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import (handle_stop_sequences, has_bos_prefix, normalize_gen_kwargs,
@@ -194,7 +196,8 @@ class EvalkitLM(TemplateLM):
             return {"add_special_tokens": self.add_bos_token}
         return {}
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None,
+                   **kwargs: Any) -> list[int]:
         """As lm-eval's hf `tok_encode` (no truncation)."""
         kw = self._special_kwargs(add_special_tokens)
         if add_special_tokens is None and has_bos_prefix(
@@ -245,10 +248,12 @@ class EvalkitLM(TemplateLM):
             memo[n] = self.adapter.generate(state, n, None)
         return memo[n]
 
-    def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
-                              disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(self, requests: list[tuple[Any, list[int], list[int]]],
+                              disable_tqdm: bool = False,
+                              **kwargs: Any) -> list[tuple[float, bool]]:
         by_ctx: dict[tuple[int, ...], list[int]] = {}
-        for i, ((context, _), ctx_enc, cont_enc) in enumerate(requests):
+        for i, (key, ctx_enc, cont_enc) in enumerate(requests):
+            context = key[0] if key else self.tok_decode(ctx_enc[-40:])
             if not cont_enc:
                 raise ValueError(f"evalkit model {self.model_name!r}: empty continuation after "
                                  f"context {context[-40:]!r}")
@@ -283,7 +288,7 @@ class EvalkitLM(TemplateLM):
                     token_list=tokens, prefix_token=self.prefix_token_id,
                     max_seq_len=self.max_length, context_len=1)]
             jobs.extend((r, ctx, cont) for ctx, cont in windows)
-        pairs = [((None, None), ctx, cont) for _, ctx, cont in jobs]
+        pairs = [(None, ctx, cont) for _, ctx, cont in jobs]  # None: no per-window cache entry
         saved, self.check_greedy = self.check_greedy, False  # is_greedy is unused here
         try:
             scores = self._loglikelihood_tokens(pairs, disable_tqdm=disable_tqdm) if pairs else []

@@ -273,7 +273,8 @@ class SoftmaxAdapter:
     def __init__(self, path: str | os.PathLike, *, name: str | None = None, device: str = "cpu",
                  dtype: Any = "fp32", trust_remote_code: bool = False, window: int | None = None,
                  kv_budget_bytes: int | None = None, sink: int = 0, max_length: int | None = None,
-                 prefill_chunk: int = 2048, extra_identity: dict | None = None) -> None:
+                 prefill_chunk: int = 2048, score_batch: int = 32, score_batch_bytes: int = 2 << 30,
+                 extra_identity: dict | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from evalkit.tokenization import load_tokenizer
@@ -286,6 +287,8 @@ class SoftmaxAdapter:
         if int(prefill_chunk) < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.prefill_chunk = int(prefill_chunk)
+        self.score_batch = max(1, int(score_batch))  # continuations scored in one forward
+        self.score_batch_bytes = int(score_batch_bytes)  # memory for their cache copies + logits
         self._extra_identity = dict(extra_identity or {})
 
         common = dict(local_files_only=True, trust_remote_code=self.trust_remote_code)
@@ -420,32 +423,35 @@ class SoftmaxAdapter:
         return cache.layers[0].keys.shape[-2]
 
     @torch.inference_mode()
-    def _forward(self, cache: Any, start: int, ids: Sequence[int], all_logits: bool) -> torch.Tensor:
-        """Run `ids` at absolute positions start.. through the model, updating `cache` in place.
-        Returns fp32 logits: [len(ids), V] if all_logits else [V] for the last token."""
+    def _forward(self, cache: Any, start: int, rows: Sequence[Sequence[int]], all_logits: bool
+                 ) -> torch.Tensor:
+        """Run equal-length id rows at absolute positions start.. through the model, updating
+        `cache` (batch = len(rows)) in place, chunk by chunk. Returns fp32 logits:
+        [B, n, V] if all_logits else [B, V] for the last position."""
+        n = len(rows[0])
+        x_all = torch.tensor([list(r) for r in rows], dtype=torch.long, device=self.device)
         outs: list[torch.Tensor] = []
         last = None
-        for i in range(0, len(ids), self.prefill_chunk):
-            chunk = ids[i: i + self.prefill_chunk]
-            pos0 = start + i
+        for i in range(0, n, self.prefill_chunk):
+            x = x_all[:, i: i + self.prefill_chunk]
+            pos0, q = start + i, x.shape[1]
             kw: dict[str, Any] = {
                 self._cache_kw: cache,
                 "use_cache": True,
-                "position_ids": torch.arange(pos0, pos0 + len(chunk), device=self.device)[None],
+                "position_ids": torch.arange(pos0, pos0 + q, device=self.device)[None].expand(len(rows), q),
             }
             if self.window is not None:
-                kw["attention_mask"] = self._window_mask(pos0, len(chunk), self._cached_len(cache))
+                kw["attention_mask"] = self._window_mask(pos0, q, self._cached_len(cache))
             if self._keeps_logits:
                 kw["logits_to_keep"] = 0 if all_logits else 1
-            x = torch.tensor([chunk], dtype=torch.long, device=self.device)
-            logits = self.model(input_ids=x, **kw).logits[0]
+            logits = self.model(input_ids=x, **kw).logits
             if self.window is not None:
                 self._evict(cache)
             if all_logits:
                 outs.append(logits.float())
             else:
-                last = logits[-1].float()
-        return torch.cat(outs) if all_logits else last
+                last = logits[:, -1].float()
+        return torch.cat(outs, dim=1) if all_logits else last
 
     def _scratch(self, state: KVState) -> Any:
         """A cache to run ahead on without touching `state` (shares tensors when that is safe)."""
@@ -459,7 +465,7 @@ class SoftmaxAdapter:
             raise ValueError(f"{self.name}: prefill needs at least one token")
         self._check_room(len(ids), "prefill")
         cache = self._new_cache()
-        logits = self._forward(cache, 0, ids, all_logits=False)
+        logits = self._forward(cache, 0, [ids], all_logits=False)[0]
         return KVState(cache, len(ids), logits)
 
     def extend(self, state: KVState, token_ids: Sequence[int]) -> KVState:
@@ -467,7 +473,7 @@ class SoftmaxAdapter:
         if not ids:
             return state
         self._check_room(state.length + len(ids), "extend")
-        logits = self._forward(state.cache, state.length, ids, all_logits=False)
+        logits = self._forward(state.cache, state.length, [ids], all_logits=False)[0]
         state.length += len(ids)
         state.logits = logits
         return state
@@ -491,7 +497,7 @@ class SoftmaxAdapter:
             self._check_room(length + 1, "generation")
             if cache is None:
                 cache = self._scratch(state)
-            logits = self._forward(cache, length, [nxt], all_logits=False)
+            logits = self._forward(cache, length, [[nxt]], all_logits=False)[0]
             length += 1
         return cut_at_stop(self._decode(out), stop)[0]
 
@@ -499,20 +505,43 @@ class SoftmaxAdapter:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def score(self, state: KVState, continuations: Sequence[Sequence[int]]) -> list[float]:
+        conts = [self._check_ids(c) for c in continuations]
+        if any(not c for c in conts):
+            raise ValueError(f"{self.name}: cannot score an empty continuation")
         first = torch.log_softmax(state.logits, dim=-1)
-        scores: list[float] = []
-        for cont in continuations:
-            ids = self._check_ids(cont)
-            if not ids:
-                raise ValueError(f"{self.name}: cannot score an empty continuation")
-            total = first[ids[0]].item()
-            if len(ids) > 1:
-                self._check_room(state.length + len(ids) - 1, "score")
-                logits = self._forward(self._scratch(state), state.length, ids[:-1], all_logits=True)
-                lp = torch.log_softmax(logits, dim=-1)
-                total += lp.gather(1, torch.tensor(ids[1:], device=lp.device)[:, None]).sum().item()
-            scores.append(total)
+        scores = [first[c[0]].item() for c in conts]
+        multi = sorted((i for i, c in enumerate(conts) if len(c) > 1), key=lambda i: len(conts[i]))
+        if not multi:
+            return scores
+        self._check_room(state.length + len(conts[multi[-1]]) - 1, "score")
+        # Continuations run as one batch on a shared copy of the cache (decoding is memory-bound,
+        # so a batch costs about one pass), in groups whose cache copies + logits fit the budget.
+        longest = len(conts[multi[-1]]) - 1
+        per_item = self.state_bytes(state) + 3 * longest * self._vocab * 4
+        group = max(1, min(self.score_batch, self.score_batch_bytes // per_item))
+        if not self._functional_cache:
+            group = 1  # caches updated in place cannot share a batch-expanded view
+        for g in range(0, len(multi), group):
+            idx = multi[g: g + group]
+            width = len(conts[idx[-1]]) - 1
+            # right padding: pads come after every real token, so causal attention never sees them
+            rows = [conts[i][:-1] + [0] * (width - len(conts[i]) + 1) for i in idx]
+            logits = self._forward(self._batched_scratch(state, len(idx)), state.length, rows,
+                                   all_logits=True)
+            lp = torch.log_softmax(logits, dim=-1)
+            for b, i in enumerate(idx):
+                tgt = torch.tensor(conts[i][1:], device=lp.device)
+                scores[i] += lp[b, : len(tgt)].gather(1, tgt[:, None]).sum().item()
         return scores
+
+    def _batched_scratch(self, state: KVState, batch: int) -> Any:
+        cache = self._scratch(state)
+        if batch > 1:
+            for layer in cache.layers:
+                for name, val in vars(layer).items():
+                    if isinstance(val, torch.Tensor) and not name.startswith("_") and val.dim() == 4:
+                        setattr(layer, name, val.expand(batch, *val.shape[1:]))  # a view; cat copies
+        return cache
 
     def state_tensors(self, state: KVState) -> list[torch.Tensor]:
         """The tensors `state_bytes` counts (the KV cache; not the logits)."""
@@ -548,8 +577,7 @@ class SoftmaxAdapter:
                                       .encode()).hexdigest()
         ident = {
             "name": self.name,
-            "kind": "softmax",
-            "path": self.path,
+            "kind": "softmax",  # no path: a fingerprint must not depend on where files live
             "weights_sha256": combined,
             "weights_files": sorted(hashes),
             "tokenizer_sha256": tokenizer_hash(self.tokenizer),
@@ -573,4 +601,5 @@ def load_hf(path: str | None, **options: Any) -> SoftmaxAdapter:
     return SoftmaxAdapter(path, **options)
 
 
-MODEL_INFO["hf"] = {"kind": "loader", "description": "any local Hugging Face causal LM folder or .gguf (hf:PATH)"}
+MODEL_INFO["hf"] = {"kind": "loader",
+                    "description": "any local Hugging Face causal LM folder or .gguf (hf:PATH)"}

@@ -31,7 +31,7 @@ def test_chunk_equals_naive(T, with_state):
     torch.testing.assert_close(s, s_ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("chunk_size", [16, 32, 64, 256])
+@pytest.mark.parametrize("chunk_size", [16, 48, 64, 256])
 def test_chunk_size_is_configurable(chunk_size):
     (q, k, v, g), s0 = inputs(200, seed=1)
     o_ref, s_ref = naive_recurrent_gla(q, k, v, g, s0, True)

@@ -30,11 +30,11 @@ STEPS = ("Chop the onions finely.", "Warm the pan over a low flame.", "Stir for 
          "Add a pinch of salt.", "Let it rest before serving.", "Rinse the beans twice.")
 
 
-def _probe(p: Params, task, version, tok, length, depth, load, seed, n_steps) -> Probe:
+def _probe(p: Params, task, version, tok, length, depth, load, seed, n_steps, n_pad=0) -> Probe:
     rng = random.Random(seed)
     dishes = rng.sample(p.dishes, load)
     values = rng.sample(p.ingredients, load)
-    steps = [f"Step {i + 1}: {rng.choice(STEPS)}" for i in range(n_steps)]
+    steps = [f"Step {i + 1}: {rng.choice(STEPS)}" for i in range(n_steps)] + ["Taste."] * n_pad
     at = round(depth * n_steps)
     facts = [f"The secret ingredient of the {d} is {v}." for d, v in zip(dishes, values)]
     lines = steps[:at] + facts + steps[at:]
@@ -66,6 +66,15 @@ def generate(params: Params, *, task, version, tokenizer, length, depth, load, s
     while probe.meta.actual_length < length - params.tolerance:
         n_steps += 1
         probe = _probe(params, task, version, tokenizer, length, depth, load, seed, n_steps)
+    # Steps are ~10 tokens: if the last one overshot, swap it for short "Taste." lines.
+    n_pad = 0
+    while probe.meta.actual_length > length + params.tolerance and n_steps > 0:
+        n_steps -= 1
+        probe = _probe(params, task, version, tokenizer, length, depth, load, seed, n_steps)
+        while probe.meta.actual_length < length - params.tolerance:
+            n_pad += 1
+            probe = _probe(params, task, version, tokenizer, length, depth, load, seed, n_steps,
+                           n_pad)
     if probe.meta.actual_length > length + params.tolerance:
         raise ValueError(f"length={length}: cannot land within {params.tolerance} tokens "
                          f"(got {probe.meta.actual_length})")

@@ -110,6 +110,8 @@ def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     for rec in df.to_dict(orient="records"):
         clean = {}
         for k, v in rec.items():
+            if v is pd.NA:
+                v = None
             if isinstance(v, (np.generic,)):
                 v = v.item()
             if isinstance(v, float) and np.isnan(v):

@@ -43,12 +43,15 @@ def effective_length(by_len: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD)
         else:
             row.update(effective_length=None, effective_chars=float("nan"), censored="below")
         out.append(row)
-    return pd.DataFrame(out)
+    df = pd.DataFrame(out)
+    if len(df):
+        df["effective_length"] = df["effective_length"].astype("Int64")  # None stays missing
+    return df
 
 
 # -- capacity knee --------------------------------------------------------------------------
 
-def _logistic(z: np.ndarray) -> np.ndarray:
+def logistic(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 - np.tanh(z / 2.0))  # 1 / (1 + e^z) without overflow
 
 
@@ -59,7 +62,7 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, fl
     x, y, w = (np.asarray(a, float) for a in (x, y, w))
     x0s = np.arange(x.min() - 1.0, x.max() + 1.0 + 1e-9, 0.005)
     ss = np.geomspace(0.05, 50.0, 160)
-    pred = _logistic(ss[:, None, None] * (x[None, None, :] - x0s[None, :, None]))
+    pred = logistic(ss[:, None, None] * (x[None, None, :] - x0s[None, :, None]))
     sse = (w * (pred - y) ** 2).sum(-1)
     i, j = np.unravel_index(np.argmin(sse), sse.shape)
     return float(x0s[j]), float(ss[i])

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from evalkit.leaderboard.derived import KNEE_LEVEL, _logistic
+from evalkit.leaderboard.derived import KNEE_LEVEL, logistic
 from evalkit.leaderboard.tables import aggregate
 
 _DPI = 110
@@ -32,7 +32,7 @@ def model_colors(labels: Sequence[str]) -> dict[str, tuple]:
     return {m: cmap(i % 10) for i, m in enumerate(sorted(labels))}
 
 
-def _fmt_len(n: float) -> str:
+def fmt_len(n: float) -> str:
     n = float(n)
     if n >= 1024 and n % 1024 == 0:
         return f"{int(n // 1024)}k"
@@ -47,6 +47,14 @@ def _grid(n: int, w: float = 4.2, h: float = 3.4) -> tuple[Figure, list]:
     for ax in axes[n:]:
         ax.set_visible(False)
     return fig, axes[:n]
+
+
+def _int_ticks(ax, values: Sequence, fmt) -> None:
+    """Ticks at the tested values, written out (not 2^k), at most ~12 of them."""
+    step = max(1, -(-len(values) // 12))
+    values = list(values)[::step]
+    ax.set_xticks(values, [fmt(v) for v in values])
+    ax.minorticks_off()
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -85,7 +93,7 @@ def depth_length_heatmaps(samples: pd.DataFrame, task: str, path: Path) -> Path 
         im = ax.imshow(piv.to_numpy(float), vmin=0, vmax=1, cmap="viridis", aspect="auto",
                        origin="upper")
         _annotate(ax, piv.to_numpy(float))
-        ax.set_xticks(range(len(lengths)), [_fmt_len(x) for x in lengths])
+        ax.set_xticks(range(len(lengths)), [fmt_len(x) for x in lengths])
         ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
         ax.set_xlabel("context length (model tokens)")
         ax.set_ylabel("needle depth")
@@ -116,14 +124,15 @@ def recall_vs_load(samples: pd.DataFrame, knees: pd.DataFrame, task: str,
             if len(k) and not np.isnan(k["knee"].iat[0]):
                 x0, s = np.log2(k["knee"].iat[0]), k["slope"].iat[0]
                 xs = np.linspace(np.log2(g["load"].min()), np.log2(g["load"].max()), 200)
-                ax.plot(2 ** xs, _logistic(s * (xs - x0)), "--", color=colors[m], lw=1)
+                ax.plot(2 ** xs, logistic(s * (xs - x0)), "--", color=colors[m], lw=1)
                 ax.plot([2 ** x0], [KNEE_LEVEL], "x", color=colors[m], ms=9, mew=2)
         ax.axhline(KNEE_LEVEL, color="grey", lw=0.7, ls=":")
         ax.set_xscale("log", base=2)
+        _int_ticks(ax, sorted(per["load"].unique()), str)
         ax.set_ylim(-0.03, 1.03)
         ax.set_xlabel("load (facts in context)")
         ax.set_ylabel("recall")
-        ax.set_title(f"length {_fmt_len(L)} tokens", fontsize=10)
+        ax.set_title(f"length {fmt_len(L)} tokens", fontsize=10)
         ax.legend(fontsize=7)
     fig.suptitle(f"{task}: recall vs. load\n(dashed: logistic fit; x: capacity knee)",
                  fontsize=10)
@@ -147,6 +156,8 @@ def recall_vs_length(by_len: pd.DataFrame, task: str, path: Path, threshold: flo
                     color=colors[m], label=m, ms=4, capsize=2)
     ax.axhline(threshold, color="grey", lw=0.8, ls="--", label=f"threshold {threshold:g}")
     ax.set_xscale("log", base=2)
+    if not use_chars:
+        _int_ticks(ax, sorted(t["target_length"].unique()), fmt_len)
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("prompt length (characters; tokenizers differ)" if use_chars
                   else "context length (model tokens)")
@@ -173,7 +184,7 @@ def recall_vs_state_bytes(by_len: pd.DataFrame, kinds: dict[str, str], task: str
         ax.scatter(g["state_bytes"], g["recall"], color=colors[m],
                    marker=_KIND_MARKER.get(kind, "o"), label=f"{m} ({kind})", zorder=3)
         for _, r in g.iterrows():
-            ax.annotate(_fmt_len(r["target_length"]), (r["state_bytes"], r["recall"]),
+            ax.annotate(fmt_len(r["target_length"]), (r["state_bytes"], r["recall"]),
                         textcoords="offset points", xytext=(4, 3), fontsize=6,
                         color=colors[m])
     ax.set_xscale("log")
@@ -215,7 +226,7 @@ def gap_heatmaps(cell_gaps: pd.DataFrame, task: str, path: Path) -> Path | None:
             sig[i, j] = r["ci_low"] > 0 or r["ci_high"] < 0
         im = ax.imshow(data, vmin=-1, vmax=1, cmap="RdBu_r", aspect="auto")
         _annotate(ax, data, "{:+.2f}", sig, diverging=True)
-        ax.set_xticks(range(len(lengths)), [_fmt_len(x) for x in lengths])
+        ax.set_xticks(range(len(lengths)), [fmt_len(x) for x in lengths])
         ax.set_yticks(range(len(rows)), [_cell_label(d, n, t) for d, n in rows], fontsize=7)
         ax.set_xlabel("context length (model tokens)")
         ax.set_title(f"{b} minus {m}", fontsize=9)

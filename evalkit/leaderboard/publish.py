@@ -18,6 +18,7 @@ from typing import Sequence
 
 from evalkit.leaderboard import plots as P
 from evalkit.leaderboard.board import Board, Options, build, records
+from evalkit.leaderboard.derived import KNEE_LEVEL
 from evalkit.leaderboard.load import expand_run_dirs, load_run
 
 FORMAT = "evalkit-leaderboard/1"  # marks a folder publish may replace
@@ -53,12 +54,14 @@ def check_target(target: Path) -> None:
 
 def publish(run_dirs: Sequence[str | os.PathLike], to: str | os.PathLike,
             options: Options | None = None) -> Published:
-    target = Path(to)
+    target = Path(os.path.abspath(to))  # normalized: "leaderboard/", "./x/../leaderboard"
+    if target == Path(os.path.abspath(os.curdir)) or target.parent == target:
+        raise ValueError(f"--to {to}: give a leaderboard folder, not the current or root folder")
     check_target(target)
     runs = [load_run(p) for p in expand_run_dirs(run_dirs)]  # fail before touching anything
     board = build(runs, options)
-    target.absolute().parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.absolute().parent, prefix=f".{target.name}.new-"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.new-"))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a leaderboard is for reading
         files, skipped = write_board(board, tmp, [str(p) for p in run_dirs])
@@ -73,7 +76,7 @@ def _swap(new: Path, target: Path) -> None:
     if not target.exists():
         os.rename(new, target)
         return
-    old = target.absolute().parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
     os.rename(target, old)
     try:
         os.rename(new, target)
@@ -98,7 +101,7 @@ def write_board(board: Board, out: Path, run_paths: Sequence[str]) -> tuple[list
     doc = {
         "format": FORMAT,
         "evalkit_version": __version__,
-        "options": {"threshold": board.options.threshold, "knee_level": 0.5,
+        "options": {"threshold": board.options.threshold, "knee_level": KNEE_LEVEL,
                     "primary_metric": board.options.primary_metric,
                     "bootstrap_resamples": board.options.n_boot,
                     "bootstrap_seed": board.options.seed,

@@ -8,7 +8,7 @@ import pandas as pd
 
 from evalkit.leaderboard import derived
 from evalkit.leaderboard.board import Board
-from evalkit.leaderboard.plots import _fmt_len
+from evalkit.leaderboard.plots import fmt_len
 
 
 def fmt_bytes(b: float) -> str:
@@ -57,7 +57,7 @@ def _pivot(g: pd.DataFrame, lengths: list[int], cell) -> list[list[str]]:
 
 
 def _len_header(lengths: list[int]) -> list[str]:
-    return [f"{_fmt_len(L)} tok" for L in lengths]
+    return [f"{fmt_len(L)} tok" for L in lengths]
 
 
 def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[str, str]]],
@@ -113,12 +113,12 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
     for _, r in board.eff.sort_values(["task_label", "model_label"]).iterrows():
         tested = r["lengths_tested"]
         if r["censored"] == "below":
-            val, chars = f"< {_fmt_len(tested[0])}", "—"
+            val, chars = f"< {fmt_len(tested[0])}", "—"
         else:
-            val = ("≥ " if r["censored"] == "above" else "") + _fmt_len(r["effective_length"])
+            val = ("≥ " if r["censored"] == "above" else "") + fmt_len(r["effective_length"])
             chars = _num(r["effective_chars"], "{:,.0f}")
         rows.append([r["model_label"], r["task_label"], val, chars,
-                     ", ".join(_fmt_len(x) for x in tested)])
+                     ", ".join(fmt_len(x) for x in tested)])
     w(table(["model", "task", "effective length (tokens)", "≈ characters", "lengths tested"],
             rows) + "\n")
 
@@ -134,7 +134,7 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
             loads = r["loads"]
             val = {"above": f"> {loads[-1]}", "below": f"< {loads[0]}"}.get(
                 r["censored"], f"{r['knee']:.3g}")
-            rows.append([r["model_label"], r["task_label"], _fmt_len(r["target_length"]), val,
+            rows.append([r["model_label"], r["task_label"], fmt_len(r["target_length"]), val,
                          ", ".join(f"{n}: {y:.2f}" for n, y in zip(loads, r["recall"]))])
         w(table(["model", "task", "length (tok)", "knee (facts)", "recall by load"], rows) + "\n")
 
@@ -150,7 +150,8 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
 
     # -- recall per byte -------------------------------------------------------------------
     w("## Recall per byte of state\n")
-    w("Primary recall divided by the state bytes above, shown per MB (recall / MB).\n")
+    w("Primary recall divided by the mean bytes held at the question on that task and length, "
+      "per MB (recall / MB): what each byte of state buys.\n")
     rows = []
     for task in sorted(board.tasks):
         g = bl[bl["task_label"] == task]
@@ -171,7 +172,7 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
           f"(length, depth, load) cell is in [gaps.csv](gaps.csv).\n")
         rows = []
         for _, r in board.length_gaps.iterrows():
-            rows.append([r["baseline"], r["model"], r["task_label"], _fmt_len(r["target_length"]),
+            rows.append([r["baseline"], r["model"], r["task_label"], fmt_len(r["target_length"]),
                          r["n_pairs"], _num(r["baseline_recall"]), _num(r["model_recall"]),
                          f"{r['gap']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"])
         w(table(["baseline", "model", "task", "length (tok)", "pairs", "baseline recall",
@@ -204,7 +205,8 @@ HOW_TO_READ = """## How to read
   answer's log-probability is strictly higher than every in-context distractor's.
 - **n** counts scored samples (model x probe x question). A sample that failed (`error`) or
   was not evaluated (`flag`, e.g. a prompt longer than the model's maximum) is not scored: it
-  is counted as failed / flagged, never as 0. Means and sizes are over scored samples.
+  is counted as failed / flagged, never as 0. Metric means and state bytes are over scored
+  samples, prompt lengths over all samples (the runner's results.json conventions).
 - **Length** is the requested prompt length in the evaluated model's own tokens; the actual
   mean prompt is shown in tokens and characters, and when tokenizers differ the length plot
   uses characters.

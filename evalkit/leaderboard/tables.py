@@ -2,8 +2,9 @@
 
 Means are over *scored* samples only: a sample that failed (error) or was not evaluated (flag,
 e.g. longer than the model's maximum length) has no scores; it is counted in n_failed /
-n_flagged instead of being scored as 0 or silently dropped. Sizes (prompt tokens, characters,
-state bytes) are means over the same scored samples.
+n_flagged instead of being scored as 0 or silently dropped. Prompt tokens and characters are
+means over every sample that has them (a flagged prompt still has a length), state bytes over
+scored samples only: the same conventions as the runner's results.json.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from evalkit.leaderboard.load import SCORE_PREFIX, metric_columns
-from evalkit.leaderboard.merge import CELL_KEY, GRID_KEY, MODEL_KEY, TASK_KEY
+from evalkit.leaderboard.merge import CELL_KEY, GRID_KEY
 
 # Primary recall metric, first one a task has: generation scored RULER-style (share of gold
 # values found in the answer), then stricter generation metrics, then forced choice alone.
@@ -25,8 +26,11 @@ ROW_ID = ["model", "model_label", "model_hash", "task", "task_label", "task_vers
 
 
 def _stderr(x: pd.Series) -> float:
+    """Sample std (ddof=1) / sqrt(n); 0 for one value, as the runner's results.json has it."""
     x = x.dropna()
-    return float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
+    if len(x) == 0:
+        return float("nan")
+    return float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else 0.0
 
 
 def aggregate(samples: pd.DataFrame, by: Sequence[str],
@@ -41,8 +45,8 @@ def aggregate(samples: pd.DataFrame, by: Sequence[str],
         row = dict(zip(by, key))
         row.update(n=int(len(s)), n_failed=int(g["error"].notna().sum()),
                    n_flagged=int((g["error"].isna() & g["flag"].notna()).sum()),
-                   prompt_tokens=float(s["prompt_tokens"].mean()),
-                   prompt_chars=float(s["prompt_chars"].mean()),
+                   prompt_tokens=float(g["prompt_tokens"].mean()),
+                   prompt_chars=float(g["prompt_chars"].mean()),
                    state_bytes=float(s["state_bytes"].mean()),
                    state_kind=",".join(sorted(set(g["state_kind"].dropna()))))
         for m in metrics:
@@ -105,7 +109,3 @@ def by_length(samples: pd.DataFrame) -> pd.DataFrame:
 def model_kinds(samples: pd.DataFrame) -> dict[str, str]:
     """model_label -> state kind (the most common among its samples)."""
     return {m: g["state_kind"].mode().iat[0] for m, g in samples.groupby("model_label")}
-
-
-__all__ = ["aggregate", "by_length", "cell_rows", "choose_primary", "model_kinds",
-           "with_primary", "MODEL_KEY", "TASK_KEY", "GRID_KEY"]

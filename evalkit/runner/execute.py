@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from evalkit.adapter import prefill_batch
-from evalkit.render import continuation_ids
+from evalkit.render import ANSWER_STOP, continuation_ids
 from evalkit.result import SampleResult
 from evalkit.runner.plan import Item, Node, Plan, Unit, chain, length_buckets
 from evalkit.scoring import score_sample
@@ -31,7 +31,7 @@ class ModelRun:
     name: str
     model_hash: str
     state_kind: str
-    stop: tuple[str, ...] = ("\n",)
+    stop: tuple[str, ...] = ANSWER_STOP
     max_new_tokens: int | None = None  # overrides each question's own budget when set
 
 
@@ -40,7 +40,8 @@ def prompt_chars(item: Item) -> int:
     prefix). Chat-template markup is not counted, so the number compares across tokenizers."""
     p, q = item.probe, item.question
     ctx = sum(len(s.text) for s in p.context[: q.after_segment])
-    return ctx + (len(q.text) + len(q.answer_prefix) if p.chat else len("\n" + q.text + "\n" + q.answer_prefix))
+    question = len(q.text) + len(q.answer_prefix)
+    return ctx + question + (0 if p.chat else 2)  # plain probes: "\n" text "\n" prefix
 
 
 def base_sample(run: ModelRun, item: Item, prompt_tokens: int | None = None) -> SampleResult:

@@ -52,8 +52,10 @@ def stored_config(path: Path) -> dict:
 
 def prepare(path: Path, document: dict, *, resume: bool) -> dict:
     """Create the run directory (or check it for resuming). Returns the earlier provenance
-    of a resumed run (for its start time), else {}."""
-    if not resume:
+    of a resumed run (for its start time), else {}. Resuming a directory that does not exist
+    yet (or is empty) starts it, so `--resume --output DIR` is safe to repeat."""
+    fresh = not path.exists() or not any(path.iterdir())
+    if not resume or fresh:
         if path.exists() and any(path.iterdir()):
             raise RunDirError(f"{path} already exists and is not empty; pass --resume to "
                               f"continue that run, or choose another --output")

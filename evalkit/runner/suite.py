@@ -18,6 +18,7 @@ naming the file, the key and the expected type.
     limit: null                    # at most N probes per task (or a fraction if < 1)
     seed: 0
     batch_size: 1
+    threads: null                  # torch CPU threads (default: torch's; 1 helps on busy cores)
     include: [my_tasks/]           # extra task folders, relative to this file
     plugins: [my_adapter.py]       # Python files/modules that register models, ditto
 
@@ -44,6 +45,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evalkit.probe import canonical_json
+from evalkit.render import ANSWER_STOP
 from evalkit.taskspec import GridPoint, SpecError, TaskSpec, discover, grid
 
 # Groups every suite knows; a suite's own `groups:` may add more (not replace these).
@@ -94,7 +96,7 @@ class TaskEntry(_Grid):
 
 class Generation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    stop: tuple[str, ...] = ("\n",)
+    stop: tuple[str, ...] = ANSWER_STOP
     max_new_tokens: int | None = Field(default=None, ge=1)  # None: each question's own budget
 
 
@@ -109,6 +111,7 @@ class SuiteConfig(_Grid):
     limit: float | None = Field(default=None, gt=0)
     seed: int = 0
     batch_size: int = Field(default=1, ge=1)
+    threads: int | None = Field(default=None, ge=1)  # torch CPU threads per process
     log_samples: bool = False
     cache_dir: str | None = None
     generation: Generation = Generation()
@@ -343,7 +346,8 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
             raise SuiteError(f"{source}: key 'tasks.{i}': {e}") from None
         for name in expanded:
             prev = chosen.get(name)
-            if prev is not None and prev.model_dump(exclude={"name"}) != entry.model_dump(exclude={"name"}):
+            grid_of = lambda e: e.model_dump(exclude={"name"})
+            if prev is not None and grid_of(prev) != grid_of(entry):
                 raise SuiteError(f"{source}: key 'tasks.{i}': task {name!r} is selected twice "
                                  f"with different grids (by {prev.name!r} and {entry.name!r})")
             chosen.setdefault(name, entry)
@@ -363,8 +367,8 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
                                   tuple(loads), samples,
                                   tuple(apply_limit(points, suite.limit))))
 
-    # Only what changes results is hashed: not batch size, output paths, logging, or where
-    # task files live (a task's own config hash covers its generator and params).
+    # Only what changes results is hashed: not batch size, threads, output paths, logging, or
+    # where task files live (a task's own config hash covers its generator and params).
     config = {
         "models": [{"name": m.name, "spec": m.spec, "options": m.options} for m in models],
         "tasks": [{"task": t.name, "version": t.spec.version, "config_hash": t.spec.config_hash(),

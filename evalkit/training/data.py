@@ -1,11 +1,11 @@
 """Training sequences made by the task plugins, with seeds disjoint from every evaluation seed.
 
 Evaluation probes use seeds below 2^31 (evalkit.taskspec.EVAL_SEED_MASK); training seeds are
-2^31 + i. A training sequence is a probe's context followed by each of its questions with the
-gold answer and a newline, so one sequence supervises several recalls:
+2^31 + i. A training sequence is exactly an evaluation prompt (context up to the question, the
+question, the answer prefix) followed by the gold answer and a newline:
 
     [bos] context ... "\\nWhat is the magic number for Lisbon?\\nThe magic number for Lisbon is"
-    " 4821" "\\n" "\\nWhat is ..." ...
+    " 4821" "\\n"
 
 Targets: every next token (language modelling), with answer tokens weighted up so recall is
 learned within a short CPU budget.
@@ -29,33 +29,22 @@ TRAIN_SEED_BASE = EVAL_SEED_MASK + 1  # 2^31
 class Sequence_:
     ids: tuple[int, ...]
     answer_mask: tuple[bool, ...]  # True where the target token is part of an answer
+    length: int                    # the probe's target length (batches group by it)
 
 
 def training_sequence(spec: TaskSpec, tokenizer: Any, *, length: int, depth: float, load: int,
                       seed: int) -> Sequence_:
+    """One probe's prompt for one of its questions (chosen by the seed), then the gold answer."""
     if seed < TRAIN_SEED_BASE:
         raise ValueError(f"training seed {seed} is below 2^31: it could be an evaluation seed")
     probe = spec.generator(spec.params, task=spec.name, version=spec.version,
                            tokenizer=tokenizer, length=length, depth=depth, load=load, seed=seed)
-    r = render(probe, tokenizer)
-    ids: list[int] = []
-    mask: list[bool] = []
-    done = 0
-    newline = encode(tokenizer, "\n")
-    for qi, q in sorted(enumerate(probe.questions), key=lambda x: x[1].after_segment):
-        for piece in r.context[done:q.after_segment]:
-            ids += piece
-            mask += [False] * len(piece)
-        done = max(done, q.after_segment)
-        ids += r.questions[qi]
-        mask += [False] * len(r.questions[qi])
-        ans = continuation_ids(tokenizer, ", ".join(q.gold)) + newline
-        ids += ans
-        mask += [True] * len(ans)
-    for piece in r.context[done:]:
-        ids += piece
-        mask += [False] * len(piece)
-    return Sequence_(tuple(ids), tuple(mask))
+    qi = seed % len(probe.questions)
+    q = probe.questions[qi]
+    prompt = render(probe, tokenizer).prompt(qi, q.after_segment)
+    answer = continuation_ids(tokenizer, ", ".join(q.gold)) + encode(tokenizer, "\n")
+    return Sequence_(tuple(prompt + answer), (False,) * len(prompt) + (True,) * len(answer),
+                     length)
 
 
 def make_pool(specs: Sequence[TaskSpec], tokenizer: Any, *, lengths: Sequence[int],

@@ -28,7 +28,7 @@ class TrainConfig(BaseModel):
     answer_room: int = 64                 # tokens left after the probe for gold answers
     pool: int = 1200                      # distinct training sequences (cycled)
     steps: int = 600
-    batch_tokens: int = 8192              # tokens per step; batch = batch_tokens // seq_len
+    batch_tokens: int = 8192              # tokens per step: batch_tokens // probe length rows
     lr: float = 3e-3
     warmup: int = 50
     weight_decay: float = 0.1
@@ -96,6 +96,10 @@ def train_pair(cfg: TrainConfig, tokenizer: Any, log=print) -> dict:
     t0 = time.time()
     lengths = [n - cfg.answer_room for n in cfg.lengths]
     pool = make_pool(specs, tokenizer, lengths=lengths, loads=cfg.loads, n=cfg.pool)
+    longest = max(len(s.ids) for s in pool)
+    if longest > cfg.seq_len + 1:
+        raise ValueError(f"a training sequence has {longest} tokens, more than seq_len="
+                         f"{cfg.seq_len}: raise answer_room or lower lengths")
     log(f"data: {len(pool)} sequences from {', '.join(cfg.tasks)} in {time.time() - t0:.0f}s; "
         f"seeds {TRAIN_SEED_BASE}..{TRAIN_SEED_BASE + cfg.pool - 1}")
     models = {"gla": gla, "softmax": llama}
@@ -104,9 +108,16 @@ def train_pair(cfg: TrainConfig, tokenizer: Any, log=print) -> dict:
     history: dict[str, list[float]] = {k: [] for k in models}
     seconds = {k: 0.0 for k in models}
     rng = random.Random(cfg.seed)
-    bsz = max(1, cfg.batch_tokens // cfg.seq_len)
+    # Batches hold sequences of one probe length, padded only to their own longest row, so a
+    # step costs about batch_tokens whatever the length.
+    by_len: dict[int, list] = {}
+    for s in pool:
+        by_len.setdefault(s.length, []).append(s)
+    buckets = sorted(by_len)
     for step in range(cfg.steps):
-        x, y, w = batch(rng.sample(pool, bsz), cfg.seq_len, pad, cfg.answer_weight)
+        L = buckets[step % len(buckets)]
+        seqs = rng.sample(by_len[L], min(len(by_len[L]), max(1, cfg.batch_tokens // L)))
+        x, y, w = batch(seqs, max(len(s.ids) - 1 for s in seqs), pad, cfg.answer_weight)
         for k, m in models.items():
             for g in opts[k].param_groups:
                 g["lr"] = _lr(step, cfg)
@@ -119,9 +130,9 @@ def train_pair(cfg: TrainConfig, tokenizer: Any, log=print) -> dict:
             torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
             opts[k].step()
             seconds[k] += time.time() - t
-            history[k].append(float(loss))
-        if step % 25 == 0 or step == cfg.steps - 1:
-            log(f"step {step:4d}  gla {history['gla'][-1]:.3f}  softmax "
+            history[k].append(loss.item())
+        if step % 10 == 0 or step == cfg.steps - 1:
+            log(f"step {step:4d} len {L:4d}  gla {history['gla'][-1]:.3f}  softmax "
                 f"{history['softmax'][-1]:.3f}  ({seconds['gla']:.0f}s / {seconds['softmax']:.0f}s)")
     return {"gla": (gla, gla_cfg), "softmax": llama, "history": history, "seconds": seconds,
             "params": {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}}

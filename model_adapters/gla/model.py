@@ -125,7 +125,10 @@ class ShortConvolution(nn.Module):
         prev = (tail.to(x.dtype) if tail is not None
                 else x.new_zeros(B, D, W))                              # [B, D, W]
         full = torch.cat([prev, xt], -1)                                # [B, D, W + T]
-        y = F.silu(F.conv1d(full[..., 1:], self.weight, groups=D))      # [B, D, T]
+        if T == 1:  # decoding: a dot product per channel (cheaper than a conv call)
+            y = F.silu((full[..., 1:] * self.weight.squeeze(1)).sum(-1, keepdim=True))
+        else:
+            y = F.silu(F.conv1d(full[..., 1:], self.weight, groups=D))  # [B, D, T]
         new_tail = None
         if want_tail:
             if valid is None:

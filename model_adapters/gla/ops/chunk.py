@@ -3,82 +3,109 @@
 Same signature as `naive_recurrent_gla`: q, k, g: [B, T, H, K]; v: [B, T, H, V];
 initial_state / final state [B, H, K, V] (fp32); returns o [B, T, H, V] in q's dtype.
 
-Within a chunk of C tokens, with b = cumsum(g) (log decay from the chunk start, <= 0 and
-non-increasing), the decay from token j to token i is exp(b_i - b_j). Then
-    o_i = q_i exp(b_i) S_0                                  (inter-chunk, from the carried state)
-        + sum_{j<=i} [q_i . (k_j exp(b_i - b_j))] v_j       (intra-chunk)
-    S_C = exp(b_C) S_0 + sum_j (k_j exp(b_C - b_j))^T v_j
-Computing (q exp(b)) (k exp(-b))^T directly overflows once b is very negative, so the intra
-part is split into sub-chunks of `sub_chunk` tokens (as fla does): off-diagonal blocks are
-factored around the first position r of the query sub-chunk, exp(b_i - r) * exp(r - b_j), both
-factors <= 1; diagonal blocks are computed pairwise in log space. Every exponent is <= 0.
-All arithmetic is fp32; the Python loop runs once per chunk (T / C), not per token.
+Within a chunk of C tokens, with b = cumsum(g) (log decay since the chunk start: <= 0 and
+non-increasing), the decay from token j to token i >= j is exp(b_i - b_j), so
+    o_i = (q_i * exp(b_i)) S_0  +  sum_{j<=i} [q_i . (k_j * exp(b_i - b_j))] v_j
+    S_C = exp(b_C) S_0  +  sum_j (k_j * exp(b_C - b_j))^T v_j
+Computing the scores as (q exp(b)) (k exp(-b))^T overflows once b is very negative. Instead
+the scores are built block by block in log space: the lower-left s x s block of each
+diagonal 2s x 2s block is (q_i exp(b_i - r)) (k_j exp(r - b_j))^T with r = b at the first row
+of the lower half, so j < r-row <= i makes both exponents <= 0 (nothing overflows, whatever
+the gates). Going s = 1, 2, 4, ..., C/2 covers the strict lower triangle; the diagonal has
+decay 1. Per chunk that is log2(C) small matmuls, all batched over B, H and chunks; the only
+Python loop carries the state across chunks (T / C steps).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+
+
+def _times_exp(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """x * exp(e) for a fresh temporary e; in place (no extra allocations) when autograd is off."""
+    if torch.is_grad_enabled() and (x.requires_grad or e.requires_grad):
+        return x * e.exp()
+    return e.exp_().mul_(x)
+
+
+def _intra_scores(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, A: torch.Tensor,
+                  log_scale: float) -> None:
+    """Write the causal decayed scores scale * sum_k q_ik k_jk exp(b_ik - b_jk), j <= i, into
+    A [..., C, C] (zeros above the diagonal must already be there). q, k, b: [..., C, K]."""
+    C = q.shape[-2]
+    scale = math.exp(log_scale)
+    tile = C // (C & -C)  # odd part of C: diagonal tiles done pairwise (1 for powers of two)
+    if tile == 1:
+        A.diagonal(dim1=-2, dim2=-1).copy_((q * k).sum(-1) * scale)
+    else:
+        M = C // tile
+        qt, kt, bt = (x.unflatten(-2, (M, tile)) for x in (q, k, b))          # [..., M, t, K]
+        d = bt.unsqueeze(-2) - bt.unsqueeze(-3) + log_scale                    # [..., M, t, t, K]
+        causal = torch.ones(tile, tile, dtype=torch.bool, device=q.device).tril().unsqueeze(-1)
+        d = torch.where(causal, d, torch.full_like(d, float("-inf")))
+        D = (qt.unsqueeze(-2) * kt.unsqueeze(-3) * d.exp()).sum(-1)            # [..., M, t, t]
+        Av = A.unflatten(-1, (M, tile)).unflatten(-3, (M, tile))               # [..., M, t, M, t]
+        torch.diagonal(Av, dim1=-4, dim2=-2).copy_(D.movedim(-3, -1))
+    s = tile
+    while s < C:
+        M = C // (2 * s)
+        qv, kv, bv = (x.unflatten(-2, (M, 2, s)) for x in (q, k, b))          # [..., M, 2, s, K]
+        ref = bv[..., 1, :1, :]                                                # [..., M, 1, K]
+        qr = _times_exp(qv[..., 1, :, :], bv[..., 1, :, :] - (ref - log_scale))  # rows: lower half
+        kr = _times_exp(kv[..., 0, :, :], ref - bv[..., 0, :, :])                 # cols: upper half
+        if s <= 2:  # tiny blocks: elementwise beats batched matmul dispatch
+            blk = (qr.unsqueeze(-2) * kr.unsqueeze(-3)).sum(-1)
+        else:
+            blk = qr @ kr.transpose(-1, -2)                                     # [..., M, s, s]
+        Av = A.unflatten(-1, (M, 2, s)).unflatten(-4, (M, 2, s))               # [..., M,2,s, M,2,s]
+        torch.diagonal(Av[..., :, 1, :, :, 0, :], dim1=-4, dim2=-2).copy_(blk.movedim(-3, -1))
+        s *= 2
 
 
 def chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
               initial_state: torch.Tensor | None = None,
               output_final_state: bool = False,
               scale: float | None = None,
-              chunk_size: int = 128,
-              sub_chunk: int = 16) -> tuple[torch.Tensor, torch.Tensor | None]:
+              chunk_size: int = 128) -> tuple[torch.Tensor, torch.Tensor | None]:
     B, T, H, K = q.shape
     V = v.shape[-1]
-    if chunk_size < 1 or sub_chunk < 1:
-        raise ValueError(f"chunk_size ({chunk_size}) and sub_chunk ({sub_chunk}) must be >= 1")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     scale = K ** -0.5 if scale is None else scale
     dtype = q.dtype
-    c = min(sub_chunk, chunk_size)
-    # A short input gets a short chunk (a multiple of the sub-chunk) instead of padding to C.
-    C = min(chunk_size, -(-max(T, 1) // c) * c)
-    if C % c:
-        raise ValueError(f"chunk_size {chunk_size} must be a multiple of sub_chunk {c}")
+    # A short input gets a short chunk (next power of two) instead of padding to chunk_size.
+    C = min(chunk_size, 1 << max(T - 1, 0).bit_length())
     pad = (-T) % C
-    # Padding with k = 0 and g = 0 adds nothing to the state and does not decay it.
-    q, k, v, g = (F.pad(x.float(), (0, 0, 0, 0, 0, pad)) for x in (q, k, v, g))
-    N, n = (T + pad) // C, C // c
+    N = (T + pad) // C
 
-    def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, D] -> [B, H, N, C, D]
-        return x.transpose(1, 2).reshape(B, H, N, C, x.shape[-1])
+    def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, D] -> [B, H, N, C, D] fp32 view
+        x = x.float()
+        if pad:  # k = 0 and g = 0 in the padding: adds nothing to the state, decays nothing
+            x = F.pad(x, (0, 0, 0, 0, 0, pad))
+        return x.transpose(1, 2).unflatten(2, (N, C))
 
-    q, k, v, g = chunks(q) * scale, chunks(k), chunks(v), chunks(g)
-    b = g.cumsum(-2)                                            # [B, H, N, C, K]
+    # The scale is folded into the exponents below (exp(b + log scale)): no pass over q.
+    log_scale = math.log(scale)
+    q, k, v = (chunks(x).contiguous() for x in (q, k, v))
+    b = chunks(g).cumsum(-2)                                        # [B, H, N, C, K]
 
-    # -- intra-chunk scores A [B, H, N, C, C] ----------------------------------------
-    bs = b.view(B, H, N, n, c, K)
-    ref = bs[..., :1, :]                                        # [B, H, N, n, 1, K]
-    q_ref = q.view(B, H, N, n, c, K) * (bs - ref).exp()         # exp(b_i - r) <= 1
-    pos = torch.arange(C, device=q.device)
-    before = pos.view(1, C) < (torch.arange(n, device=q.device) * c).view(n, 1)  # [n, C]: j < r
-    e = ref - b.unsqueeze(3)                                    # [B, H, N, n, C, K]
-    e = torch.where(before.view(n, C, 1), e, torch.full_like(e, float("-inf")))
-    k_ref = k.unsqueeze(3) * e.exp()                            # exp(r - b_j) <= 1, 0 if j >= r
-    A = (q_ref @ k_ref.transpose(-1, -2)).reshape(B, H, N, C, C)
-    # Diagonal c x c blocks, pairwise: sum_k q_ik k_jk exp(b_ik - b_jk), j <= i.
-    qs, ks = q.view(B, H, N, n, c, K), k.view(B, H, N, n, c, K)
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    d = bs.unsqueeze(-2) - bs.unsqueeze(-3)                     # [B, H, N, n, c, c, K]
-    d = torch.where(causal.view(c, c, 1), d, torch.full_like(d, float("-inf")))
-    D = (qs.unsqueeze(-2) * ks.unsqueeze(-3) * d.exp()).sum(-1)  # [B, H, N, n, c, c]
-    eye = torch.eye(n, device=q.device, dtype=D.dtype)
-    A = A + (D.unsqueeze(-2) * eye.view(n, 1, n, 1)).reshape(B, H, N, C, C)
-    o = A @ v                                                   # [B, H, N, C, V]
-
-    # -- state carried across chunks -------------------------------------------------
-    b_last = b[..., -1:, :]                                     # [B, H, N, 1, K]
-    U = (k * (b_last - b).exp()).transpose(-1, -2) @ v          # [B, H, N, K, V]
-    decay = b_last.squeeze(-2).exp().unsqueeze(-1)              # [B, H, N, K, 1]
+    # State at each chunk start: S_{n+1} = exp(b_last) S_n + (k exp(b_last - b))^T v
+    b_last = b[..., -1:, :]                                         # [B, H, N, 1, K]
+    U = _times_exp(k, b_last - b).transpose(-1, -2) @ v             # [B, H, N, K, V]
+    decay = b_last.transpose(-1, -2).exp()                          # [B, H, N, K, 1]
     S = (initial_state.float() if initial_state is not None
-         else torch.zeros(B, H, K, V, device=q.device, dtype=torch.float32))
+         else q.new_zeros(B, H, K, V))
     starts = []
     for i in range(N):
         starts.append(S)
         S = decay[:, :, i] * S + U[:, :, i]
-    o = o + (q * b.exp()) @ torch.stack(starts, 2)              # inter-chunk part
 
-    o = o.reshape(B, H, N * C, V)[:, :, :T].transpose(1, 2)
+    # o = [A | q exp(b)] @ [v ; S_start]: intra- and inter-chunk parts in one matmul.
+    W = q.new_zeros(B, H, N, C, C + K)
+    _intra_scores(q, k, b, W[..., :C], log_scale)
+    W[..., C:].copy_(_times_exp(q, b + log_scale))
+    o = W @ torch.cat([v, torch.stack(starts, 2)], -2)              # [B, H, N, C, V]
+    o = o.view(B, H, N * C, V)[:, :, :T].transpose(1, 2)           # [B, T, H, V]
     return o.to(dtype), (S if output_final_state else None)

@@ -1,8 +1,9 @@
 """Recurrent GLA for decoding: a few tokens per call against a carried state.
 
 Same signature and shapes as `naive_recurrent_gla` (q, k, g: [B, T, H, K]; v: [B, T, H, V];
-state [B, H, K, V] fp32). Written for T == 1 (one batched matmul per step, no Python-side
-stacking); for longer inputs it loops, so prefill should use `chunk_gla`.
+state [B, H, K, V] fp32). Written for T == 1 (decoding): a handful of broadcast ops, which on
+CPU beat batched matmuls of 1-row matrices; for longer inputs it loops, so prefill should use
+`chunk_gla`.
 """
 from __future__ import annotations
 
@@ -22,13 +23,9 @@ def fused_recurrent_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
     q, k, v, g = (x.float() for x in (q, k, v, g))
     outs = []
     for t in range(T):
-        # S <- exp(g) * S + k^T v   (as one fused multiply-add: baddbmm over B*H)
-        decay = g[:, t].exp().reshape(B * H, K, 1)
-        S = torch.baddbmm(S.reshape(B * H, K, V) * decay,
-                          k[:, t].reshape(B * H, K, 1), v[:, t].reshape(B * H, 1, V))
-        o_t = torch.bmm(q[:, t].reshape(B * H, 1, K) * scale, S)    # [B*H, 1, V]
-        S = S.reshape(B, H, K, V)
-        outs.append(o_t.reshape(B, H, V))
+        # S <- exp(g) * S + k^T v ;  o = scale * q S
+        S = torch.addcmul(S * g[:, t].exp().unsqueeze(-1), k[:, t].unsqueeze(-1), v[:, t].unsqueeze(-2))
+        outs.append((q[:, t].unsqueeze(-1) * S).sum(-2) * scale)   # [B, H, V]
     if T == 0:
         return q.new_zeros(B, 0, H, V).to(dtype), (S if output_final_state else None)
     o = torch.stack(outs, 1) if T != 1 else outs[0].unsqueeze(1)

@@ -1,0 +1,79 @@
+"""The lm-eval command with evalkit's models registered: `python -m evalkit.lm_eval_cli ...`.
+
+    python -m evalkit.lm_eval_cli run --model evalkit --model_args name=smollm2-135m,dtype=fp32 \\
+        --tasks niah_single_1 --metadata '{"max_seq_lengths": [1024], "tokenizer": "<folder>"}'
+    evalkit-lm-eval run ...            # the same, as a console script
+
+Every argument goes to lm-eval's own command line unchanged; the only difference from `lm-eval`
+is that "evalkit" is a known --model (lm-eval 0.4.13 reads no plugin entry points, so the
+bridge module has to be imported before it resolves --model).
+
+To make the plain `lm-eval` / `lm_eval` command know "evalkit" as well:
+    python -m evalkit.lm_eval_cli --install-hook     # writes evalkit-lm-eval.pth to site-packages
+    python -m evalkit.lm_eval_cli --uninstall-hook
+The .pth runs evalkit/lm_eval_hook.py at interpreter start (an import finder only; see there).
+"""
+from __future__ import annotations
+
+import sys
+import sysconfig
+from pathlib import Path
+
+PTH_NAME = "evalkit-lm-eval.pth"
+
+
+def hook_file() -> Path:
+    return Path(__file__).resolve().parent / "lm_eval_hook.py"
+
+
+def pth_line(hook: Path | None = None) -> str:
+    """One .pth line (site.py exec()s lines that start with "import") loading the hook file
+    by path, so interpreter start never imports the evalkit package itself."""
+    p = str(hook or hook_file())
+    # site.py exec()s the line inside a function: a lambda cannot see names bound on the line,
+    # so the module is passed in as an argument.
+    return ("import os, importlib.util as _u; _p = " + repr(p) + "; "
+            "(lambda u, s: s.loader.exec_module(u.module_from_spec(s)))"
+            "(_u, _u.spec_from_file_location('_evalkit_lm_eval_hook', _p)) "
+            "if os.path.isfile(_p) else None\n")
+
+
+def site_packages() -> Path:
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def install_hook(site_dir: Path | None = None) -> Path:
+    target = (site_dir or site_packages()) / PTH_NAME
+    target.write_text("# evalkit: registers --model evalkit with lm-eval "
+                      "(remove with python -m evalkit.lm_eval_cli --uninstall-hook)\n" + pth_line())
+    return target
+
+
+def uninstall_hook(site_dir: Path | None = None) -> Path | None:
+    target = (site_dir or site_packages()) / PTH_NAME
+    if target.exists():
+        target.unlink()
+        return target
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--install-hook"]:
+        print(f"wrote {install_hook()}: `lm-eval run --model evalkit ...` now works in "
+              f"{sys.prefix}")
+        return 0
+    if argv[:1] == ["--uninstall-hook"]:
+        removed = uninstall_hook()
+        print(f"removed {removed}" if removed else f"no {PTH_NAME} in {site_packages()}")
+        return 0
+    import evalkit.model_adapters.lm_eval_bridge  # noqa: F401  -- registers "evalkit"
+    from lm_eval.__main__ import cli_evaluate
+
+    sys.argv = ["lm-eval", *argv]
+    cli_evaluate()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

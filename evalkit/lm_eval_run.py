@@ -1,0 +1,116 @@
+"""lm-eval's own tasks on evalkit models (`evalkit run --lm-eval-tasks niah_single_1 ...`).
+
+`run_lm_eval_tasks` evaluates each evalkit model through the lm-eval bridge
+(`evalkit.model_adapters.lm_eval_bridge.EvalkitLM`) with lm-eval's `simple_evaluate`, and
+writes, per model, into output_dir/<model>/ (each file atomically):
+- results.json: lm-eval's results object (results, configs, versions, n-samples, config...),
+  without the samples;
+- samples_<task>.jsonl: lm-eval's logged samples (doc, arguments, resps, filtered_resps,
+  per-sample metrics), when log_samples is on.
+
+Synthetic tasks that size their own data (RULER: niah_*, ...) need the evaluated model's
+tokenizer: unless `metadata` names one, it is set to the model tokenizer's folder, so data are
+built with the same tokenizer the model reads them with. RULER's lengths come from
+metadata["max_seq_lengths"] (e.g. [1024]).
+
+Offline notes (HF_HUB_OFFLINE=1): niah_single_1 (and the other "repeat"/"needle" haystack RULER
+tasks) build their data locally. Importing lm-eval's RULER code needs the `wonderwords` package,
+and calls nltk.download("punkt_tab") when NLTK's punkt_tab is not installed: offline that
+attempt fails, is printed, and the task still runs (only the essay haystacks tokenize sentences,
+and those tasks also download Paul Graham's essays from the hub, so they cannot run offline).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from evalkit import atomic
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "model"
+
+
+def tokenizer_folder(tokenizer: Any) -> str | None:
+    """The local folder a loaded tokenizer came from, if any (for lm-eval's synthetic tasks)."""
+    path = getattr(tokenizer, "name_or_path", None)
+    if path and Path(path).expanduser().is_dir():
+        return str(Path(path).expanduser().resolve())
+    return None
+
+
+def run_lm_eval_tasks(models: Sequence[str], tasks: Sequence[str], *, output_dir: str | Path,
+                      limit: int | float | None = None, model_options: dict | None = None,
+                      metadata: dict | None = None, max_seq_lengths: Sequence[int] | None = None,
+                      include_path: str | Path | None = None, include_defaults: bool = True,
+                      log_samples: bool = True,
+                      seed: int | None = 0, num_fewshot: int | None = None,
+                      gen_kwargs: dict | None = None, apply_chat_template: bool = False,
+                      batch_size: int | None = None, bootstrap_iters: int = 0) -> dict:
+    """Run lm-eval `tasks` on each evalkit model.
+
+    model_options: evalkit model and bridge options (dtype, device, max_gen_toks, ...), either
+    one dict for every model or {model: {options}} per model (as the runner passes them).
+    metadata: task metadata; max_seq_lengths=[1024] is a shorthand for RULER's lengths.
+    include_path: extra task folders (e.g. from `evalkit lm-eval-export`); include_defaults=False
+    indexes only those (lm-eval's full index takes ~10 s to build).
+    seed: one seed for python/numpy/torch/few-shot (None: lm-eval's defaults).
+    bootstrap_iters=0 skips lm-eval's stderr bootstrap (slow, and not needed for parity).
+    batch_size is accepted for the runner and ignored (one state at a time).
+    Returns {model: lm-eval's results without samples, plus "evalkit_files": the files written}.
+    """
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import handle_non_serializable
+
+    from evalkit.model_adapters.lm_eval_bridge import EvalkitLM
+
+    if not models:
+        raise ValueError("run_lm_eval_tasks: name at least one evalkit model")
+    if not tasks:
+        raise ValueError("run_lm_eval_tasks: name at least one lm-eval task")
+    out = Path(output_dir)
+    seeds = {} if seed is None else {"random_seed": seed, "numpy_random_seed": seed,
+                                     "torch_random_seed": seed, "fewshot_random_seed": seed}
+    opts = dict(model_options or {})
+    per_model = bool(opts) and all(k in models and isinstance(v, dict) for k, v in opts.items())
+    all_results: dict[str, Any] = {}
+    for name in models:
+        lm = EvalkitLM(name=name, **(opts.get(name, {}) if per_model else opts))
+        meta = dict(metadata or {})
+        if max_seq_lengths:
+            meta["max_seq_lengths"] = [int(x) for x in max_seq_lengths]
+        if not any(meta.get(k) for k in ("tokenizer", "pretrained")):
+            folder = tokenizer_folder(lm.tokenizer)
+            if folder:
+                meta["tokenizer"] = folder
+        tm = TaskManager(include_path=str(include_path) if include_path else None,
+                         include_defaults=include_defaults, metadata=meta)
+        unknown = [t for t in tasks if not tm.match_tasks([t])]
+        if unknown:
+            raise ValueError(f"unknown lm-eval task(s) {unknown}"
+                             + ("" if include_path else " (evalkit tasks need include_path: "
+                                "see `evalkit lm-eval-export`)"))
+        res = simple_evaluate(model=lm, tasks=list(tasks), task_manager=tm, limit=limit,
+                              log_samples=log_samples, num_fewshot=num_fewshot,
+                              gen_kwargs=gen_kwargs, apply_chat_template=apply_chat_template,
+                              bootstrap_iters=bootstrap_iters, metadata=meta, **seeds)
+        if res is None:  # not rank 0
+            continue
+        samples = res.pop("samples", None) or {}
+        folder = out / _slug(name)
+        files: dict[str, Any] = {"results": str(folder / "results.json"), "samples": {}}
+        for task, rows in samples.items():
+            path = folder / f"samples_{_slug(task)}.jsonl"
+            atomic.write_text(path, "".join(
+                json.dumps(r, default=handle_non_serializable, ensure_ascii=False) + "\n"
+                for r in rows))
+            files["samples"][task] = str(path)
+        atomic.write_text(folder / "results.json",
+                          json.dumps(res, default=handle_non_serializable, indent=2,
+                                     ensure_ascii=False) + "\n")
+        res["evalkit_files"] = files
+        all_results[name] = res
+    return all_results

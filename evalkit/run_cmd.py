@@ -1,0 +1,185 @@
+"""`evalkit run`: evaluate models on tasks and write a run directory.
+
+    evalkit run --config configs/quick.yaml
+    evalkit run --models oracle,forgetful --tasks "needle*,multikey" --lengths 512,1024 \\
+                --depths 0.1,0.5,0.9 --samples 4 --output runs/try1
+    evalkit run --resume runs/try1            # continue a killed or interrupted run
+    evalkit run --config configs/quick.yaml --output runs/quick --resume   # start or continue
+    torchrun --nproc-per-node 4 -m evalkit run --config configs/standard.yaml
+
+--resume reuses the cache: finished samples are not recomputed (failed ones are retried) and
+the results equal an uninterrupted run's; a run directory that does not exist yet is started.
+`--resume DIR` alone reuses DIR/config.json; with a config or flags, their config hash must
+match the run's.
+
+Flags override the config file's keys (grid flags beat per-task overrides); --tasks and
+--models replace the config's lists. --tasks takes names, globs ("needle*") and groups ("all",
+or a suite's `groups:`). The sample cache lives in RUN_DIR/cache unless --cache-dir names a
+store shared between runs (safe: entries are keyed by model identity, probe and settings).
+--log-samples also writes probes.jsonl (every probe, so any prompt can be re-rendered);
+samples.jsonl is always written.
+
+Exit status: 0 when every sample was evaluated (over-length samples are flagged, not failed);
+1 when any sample failed (each failure is in samples.jsonl with its error; the rest of the run
+is complete); 2 for bad input (nothing is run); 130 when interrupted (Ctrl-C or SIGTERM: the
+run directory is resumable with --resume).
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import yaml
+
+from evalkit.runner import rundir
+from evalkit.runner.suite import SuiteConfig, SuiteError, load_suite, override, resolve, validate
+
+
+def _csv(cast):
+    def parse(text: str):
+        try:
+            return [cast(x.strip()) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of "
+                                             f"{cast.__name__}, got {text!r}") from None
+    return parse
+
+
+def _model_args(text: str) -> dict:
+    """`k=v,k2=v2`; values are read as YAML scalars (ints, floats, booleans, strings)."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"expected key=value pairs, got {part!r}")
+        out[key.strip()] = yaml.safe_load(value) if value else ""
+    return out
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="evaluate models on tasks; write runs/<run-id>/",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="suite YAML (e.g. configs/quick.yaml)")
+    p.add_argument("--models", type=_csv(str), help="comma-separated model names, NAME:PATH or paths")
+    p.add_argument("--model-args", type=_model_args, help="k=v,... load options for --models")
+    p.add_argument("--tasks", type=_csv(str), help="comma-separated task names, globs or groups")
+    p.add_argument("--include", action="append", help="folder of task YAMLs (repeatable)")
+    p.add_argument("--plugins", action="append",
+                   help="Python file or module registering models (repeatable)")
+    p.add_argument("--lengths", type=_csv(int), help="target prompt lengths, model tokens")
+    p.add_argument("--depths", type=_csv(float), help="fact depths in [0, 1]")
+    p.add_argument("--loads", type=_csv(int), help="facts per probe")
+    p.add_argument("--samples", type=int, help="probes per grid cell")
+    p.add_argument("--limit", type=float, help="at most N probes per task (a fraction if < 1)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--batch-size", type=int, help="prefills per batch (bucketed by length)")
+    p.add_argument("--threads", type=int,
+                   help="torch CPU threads per process (1 is often fastest on busy cores)")
+    p.add_argument("--output", help="the run directory (default: RUNS_DIR/<UTC time>-<config hash>)")
+    p.add_argument("--runs-dir", default="runs", help="where default run directories go")
+    p.add_argument("--log-samples", action="store_true", default=None,
+                   help="also write probes.jsonl")
+    p.add_argument("--resume", nargs="?", const=True, metavar="RUN_DIR",
+                   help="continue a run (RUN_DIR, or the --output directory)")
+    p.add_argument("--cache-dir", help="shared sample cache (default: RUN_DIR/cache)")
+    p.add_argument("--lm-eval-tasks", type=_csv(str), help="lm-eval task names to run as well")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def _absolute_paths(paths: list[str] | None) -> list[str]:
+    return [str(Path(p).expanduser().resolve()) if Path(p).expanduser().exists() or p.endswith(".py")
+            else p for p in paths or []]
+
+
+def build_suite(args) -> tuple[SuiteConfig, str, str | None]:
+    """(suite, its source label, the run directory to resume or None)."""
+    resume_dir = None
+    if args.resume is True:
+        if not args.output:
+            raise SuiteError("--resume needs the run directory: --resume RUN_DIR, or --output RUN_DIR")
+        resume_dir = args.output
+    elif args.resume:
+        if args.output and Path(args.output).resolve() != Path(args.resume).resolve():
+            raise SuiteError(f"--resume {args.resume} and --output {args.output} name different "
+                             f"run directories")
+        resume_dir = args.resume
+
+    if resume_dir and not (args.config or args.models or args.tasks):
+        doc = rundir.stored_config(Path(resume_dir))  # resume reuses the stored config
+        where = str(Path(resume_dir) / rundir.CONFIG)
+        suite, source = validate(doc.get("suite"), where), doc.get("source") or where
+    elif args.config:
+        suite, source = load_suite(args.config), args.config
+    else:
+        suite, source = SuiteConfig(), "command line"
+
+    if args.model_args and not args.models:
+        raise SuiteError("--model-args applies to --models; give the models too "
+                         "(or put options in the config's models list)")
+    changes = {
+        "models": [{"name": m, "options": args.model_args or {}} for m in args.models]
+        if args.models else None,
+        "tasks": [{"name": t} for t in args.tasks] if args.tasks else None,
+        "include": list(suite.include) + _absolute_paths(args.include) if args.include else None,
+        "plugins": list(suite.plugins) + _absolute_paths(args.plugins) if args.plugins else None,
+        "lengths": args.lengths, "depths": args.depths, "loads": args.loads,
+        "samples": args.samples, "limit": args.limit, "seed": args.seed,
+        "batch_size": args.batch_size, "threads": args.threads, "log_samples": args.log_samples,
+        "cache_dir": str(Path(args.cache_dir).resolve()) if args.cache_dir else None,
+        "lm_eval_tasks": args.lm_eval_tasks,
+    }
+    # A grid flag beats the config's per-task overrides too (the docstring's precedence).
+    grid_flags = {k for k in ("lengths", "depths", "loads", "samples") if changes[k] is not None}
+    if grid_flags and changes["tasks"] is None:
+        changes["tasks"] = [{**t.model_dump(), **{k: None for k in grid_flags}}
+                            for t in suite.tasks]
+    if any(v is not None for v in changes.values()):
+        suite = override(suite, "command line", **changes)
+    return suite, source, resume_dir
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(args) -> int:
+    from evalkit.runner.run import run_suite
+
+    suite, source, resume_dir = build_suite(args)
+    resolved = resolve(suite, source)
+    # SIGTERM (kill, a batch scheduler, torchrun) stops the run the way Ctrl-C does.
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        out = run_suite(resolved, output=resume_dir or args.output, resume=resume_dir is not None,
+                        runs_root=args.runs_dir, progress=not args.no_progress, argv=sys.argv)
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    if out.rank != 0:
+        return 0
+    if out.interrupted:
+        print(f"evalkit run: interrupted; {out.computed} new samples are saved in the cache. "
+              f"Resume with: evalkit run --resume {out.run_dir}", file=sys.stderr)
+        return 130
+    p = out.prefill
+    print(f"evalkit run: {out.samples} samples: {out.samples - out.failed - out.flagged} scored, "
+          f"{out.failed} failed, {out.flagged} flagged ({out.cached} from cache, "
+          f"{out.computed} evaluated) in {out.wall_s:.1f}s")
+    print(f"evalkit run: prefilled {p['tokens_prefilled']:,} tokens for {p['prompt_tokens']:,} "
+          f"prompt tokens: savings ratio {p['savings_ratio']:.2f}x "
+          f"({100 * p['saved_fraction']:.1f}% saved)")
+    if out.results and "lm_eval" in out.results:
+        print(f"evalkit run: lm-eval results in {out.run_dir}/lm_eval/ "
+              f"(and under 'lm_eval' in results.json)")
+    print(f"evalkit run: wrote {out.run_dir}/results.json and samples.jsonl")
+    if out.failed:
+        print(f"evalkit run: {out.failed} samples failed (see 'error' in samples.jsonl); "
+              f"exit status 1", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,336 @@
+"""The run loop: for each model, for each task, generate probes, plan, execute, record.
+
+    probes (per tokenizer) -> items (one per question) -> over-length? flag : plan
+    plan units, sharded over ranks -> cached? reuse : execute -> cache -> gather on rank 0
+    rank 0: sort samples in suite order -> aggregate -> write the run directory, DONE last
+
+A KeyboardInterrupt (Ctrl-C, or SIGTERM via evalkit run) stops the loop between two samples:
+every finished sample is already in the cache, so `--resume` continues where it stopped and
+ends with the same results.json as an uninterrupted run.
+"""
+from __future__ import annotations
+
+import gc
+import inspect
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from evalkit import __version__
+from evalkit.probe import Probe
+from evalkit.render import Rendered, render
+from evalkit.result import SampleResult
+from evalkit.runner import aggregate, distributed, provenance, rundir
+from evalkit.runner.cache import CacheMismatch, SampleCache
+from evalkit.runner.execute import ModelRun, base_sample, execute, failed
+from evalkit.runner.plan import Item, build_plan
+from evalkit.runner.suite import ResolvedModel, ResolvedSuite, ResolvedTask, SuiteError
+from evalkit.taskspec import generate_probes
+from evalkit.tokenization import tokenizer_hash
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    rank: int = 0
+    results: dict | None = None      # rank 0 of a finished run only
+    samples: int = 0
+    failed: int = 0
+    flagged: int = 0
+    cached: int = 0                  # reused from the cache in this invocation (all ranks)
+    computed: int = 0                # evaluated in this invocation (all ranks)
+    interrupted: bool = False
+    wall_s: float = 0.0
+    prefill: dict = field(default_factory=dict)
+
+
+def _state_kind(adapter: Any, identity: dict) -> str:
+    return str(getattr(adapter, "state_kind", "") or identity.get("state_kind", "") or "")
+
+
+def _generation_key(run: ModelRun) -> dict:
+    return {"stop": list(run.stop), "max_new_tokens": run.max_new_tokens, "decoding": "greedy",
+            "forced_choice": "sum-logprob, ' ' + candidate"}
+
+
+class _Session:
+    """State of one invocation on one rank."""
+
+    def __init__(self, resolved: ResolvedSuite, path: Path, cache: SampleCache,
+                 dist: distributed.Dist, progress: bool) -> None:
+        self.resolved, self.path, self.cache, self.dist = resolved, path, cache, dist
+        self.progress = progress and dist.is_main
+        self.samples: list[tuple[tuple, dict]] = []   # (sort key, SampleResult dict)
+        self.models: dict[str, dict] = {}
+        self.pairs: list[dict] = []                   # prefill stats per model x task
+        self.probes: dict[str, dict] = {}             # hash -> probe dict (--log-samples)
+        self._probe_memo: dict[tuple[str, str], list[Probe]] = {}
+        self.cached = self.computed = self.tokens_run = 0
+
+    # -- models ---------------------------------------------------------------------------
+    def run_model(self, mi: int, m: ResolvedModel) -> None:
+        import torch
+
+        from evalkit.models import load_model
+
+        adapter = load_model(m.spec, **m.options)
+        identity = provenance.jsonable(dict(adapter.identity()))
+        identity.setdefault("tokenizer_hash", tokenizer_hash(adapter.tokenizer))
+        mhash = provenance.identity_hash(identity, m.options)
+        kind = _state_kind(adapter, identity)
+        self.models[m.name] = {**identity, "hash": mhash, "spec": m.spec,
+                               "options": provenance.jsonable(m.options), "state_kind": kind,
+                               "max_length": getattr(adapter, "max_length", None)}
+        gen = self.resolved.suite.generation
+        run = ModelRun(adapter, m.name, mhash, kind, tuple(gen.stop), gen.max_new_tokens)
+        torch.manual_seed(self.resolved.suite.seed)
+        for task in self.resolved.tasks:  # every grid problem surfaces before any evaluation
+            self.probes_for(task, adapter.tokenizer)
+        for ti, task in enumerate(self.resolved.tasks):
+            self.run_pair(run, mi, ti, task)
+        del run, adapter
+        gc.collect()
+
+    def probes_for(self, task: ResolvedTask, tokenizer: Any) -> list[Probe]:
+        """The task's probes for this tokenizer (lengths are in its tokens), made once."""
+        key = (task.name, tokenizer_hash(tokenizer))
+        if key not in self._probe_memo:
+            probes = []
+            for p in task.points:
+                try:
+                    probes += generate_probes(task.spec, tokenizer, [p])
+                except Exception as e:
+                    where = (f"task {task.name!r}: cannot generate the probe at length={p.length}, "
+                             f"depth={p.depth}, load={p.load}, sample {p.index}: {e}")
+                    # A ValueError is a grid the task cannot make (e.g. too many facts for the
+                    # length): a config problem. Anything else is a bug in the task.
+                    kind = SuiteError if isinstance(e, ValueError) else RuntimeError
+                    raise kind(where) from e
+            self._probe_memo[key] = probes
+        return self._probe_memo[key]
+
+    # -- one model x task -------------------------------------------------------------------
+    def run_pair(self, run: ModelRun, mi: int, ti: int, task: ResolvedTask) -> None:
+        adapter, dist = run.adapter, self.dist
+        max_len = getattr(adapter, "max_length", None)
+        probes = self.probes_for(task, adapter.tokenizer)
+        direct: list[tuple[tuple, SampleResult]] = []  # settled without running the model
+        items: list[Item] = []
+        for pi, probe in enumerate(probes):
+            if self.resolved.suite.log_samples:
+                self.probes.setdefault(probe.hash, probe.to_dict())
+            try:
+                rendered = render(probe, adapter.tokenizer)
+            except Exception as e:  # e.g. a chat template that cannot stream turns
+                empty = Rendered((), tuple(() for _ in probe.questions))
+                direct += [((mi, ti, pi, qi), failed(run, Item(probe, qi, empty), e))
+                           for qi in range(len(probe.questions))]
+                continue
+            for qi in range(len(probe.questions)):
+                item = Item(probe, qi, rendered, (mi, ti, pi, qi))
+                if max_len is not None and item.prompt_tokens > max_len:
+                    s = base_sample(run, item)
+                    s.flag = "over_length"  # never cut: a cut prompt measures something else
+                    direct.append((item.order, s))
+                else:
+                    items.append(item)
+
+        full = build_plan(items)  # the same on every rank: global prefill statistics
+        self.pairs.append({"model": run.name, "task": task.name,
+                           "tokens_prefilled": full.tokens_prefilled,
+                           "prompt_tokens": full.prompt_tokens, "questions": full.n_items})
+        for order, s in dist.shard(direct):
+            self.samples.append((order, s.to_dict()))
+
+        gen_key = _generation_key(run)
+        todo: list[Item] = []
+        for unit in dist.shard(full.units):
+            for item in unit.items():
+                hit = self.cache.get(self.cache.key(run.model_hash, item.probe.hash, item.qi, gen_key))
+                if hit is None:
+                    todo.append(item)
+                else:
+                    hit.model = run.name  # the same model may be named differently elsewhere
+                    self.samples.append((item.order, hit.to_dict()))
+                    self.cached += 1
+        if not todo:
+            return
+        todo.sort(key=lambda it: it.order)
+        plan = build_plan(todo)
+        self.tokens_run += plan.tokens_prefilled
+        order = {(it.probe.hash, it.qi): it.order for it in todo}
+        bar = _bar(len(todo), f"{run.name} | {task.name}", self.progress)
+
+        def emit(s: SampleResult) -> None:
+            self.cache.put(self.cache.key(s.model_hash, s.probe_hash, s.question, gen_key), s)
+            self.samples.append((order[(s.probe_hash, s.question)], s.to_dict()))
+            self.computed += 1
+            if bar is not None:
+                bar.update(1)
+                if s.error is not None:
+                    bar.write(f"evalkit run: sample {s.probe_id} q{s.question} failed: {s.error}")
+
+        try:
+            execute(run, plan, emit, batch_size=self.resolved.suite.batch_size)
+        finally:
+            if bar is not None:
+                bar.close()
+
+
+@contextmanager
+def _torch_threads(n: int | None) -> Iterator[None]:
+    """torch's CPU thread count set to `n` for the evaluation, restored after (a library call
+    must not change its caller's process)."""
+    if not n:
+        yield
+        return
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _bar(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="q", file=sys.stderr, dynamic_ncols=True,
+                mininterval=0.5)
+
+
+def _task_info(resolved: ResolvedSuite) -> dict[str, dict]:
+    return {t.name: {"version": t.spec.version, "config_hash": t.spec.config_hash(),
+                     "source": str(t.spec.source),
+                     "grid": {"lengths": list(t.lengths), "depths": list(t.depths),
+                              "loads": list(t.loads), "samples": t.samples,
+                              "probes": len(t.points)}}
+            for t in resolved.tasks}
+
+
+def _run_lm_eval(resolved: ResolvedSuite, path: Path) -> dict:
+    try:
+        from evalkit.lm_eval_run import run_lm_eval_tasks
+    except ModuleNotFoundError as e:
+        if e.name != "evalkit.lm_eval_run":
+            raise
+        raise ValueError("--lm-eval-tasks needs evalkit.lm_eval_run (the lm-eval bridge), "
+                         "which this checkout does not have") from None
+    suite = resolved.suite
+    kwargs: dict[str, Any] = {"models": [m.spec for m in resolved.models],
+                              "tasks": list(suite.lm_eval_tasks),
+                              "output_dir": path / "lm_eval", "limit": suite.limit}
+    optional = {"batch_size": suite.batch_size, "seed": suite.seed,
+                "log_samples": suite.log_samples,
+                "model_options": {m.spec: m.options for m in resolved.models},
+                # RULER-style tasks size their data from these: the suite's lengths.
+                "max_seq_lengths": list(suite.lengths) if suite.lengths else None}
+    # Pass the optional settings the bridge's signature names (its API may grow).
+    params = inspect.signature(run_lm_eval_tasks).parameters
+    kwargs.update({k: v for k, v in optional.items() if k in params})
+    return provenance.jsonable(run_lm_eval_tasks(**kwargs))
+
+
+def run_suite(resolved: ResolvedSuite, *, output: str | Path | None = None, resume: bool = False,
+              runs_root: str | Path = "runs", progress: bool = True,
+              argv: list[str] | None = None) -> RunOutcome:
+    """Run (or resume) `resolved` into a run directory. Under torchrun, every rank calls this;
+    rank 0 writes. Raises ValueError subclasses for bad input before any work is done."""
+    dist = distributed.setup()
+    t0, started = time.perf_counter(), provenance.utc_now()
+    suite = resolved.suite
+
+    # Rank 0 creates (or checks) the run directory and cache; every rank learns the outcome,
+    # so a refusal ends all ranks instead of leaving them waiting in a collective.
+    msg: Any = None
+    if dist.is_main:
+        try:
+            path = (Path(output) if output
+                    else Path(runs_root) / rundir.default_run_id(resolved.config_hash))
+            earlier = rundir.prepare(path, resolved.document(), resume=resume) or None
+            SampleCache(Path(suite.cache_dir) if suite.cache_dir else path / rundir.CACHE)
+            msg = (str(path), earlier, None)
+        except (rundir.RunDirError, CacheMismatch) as e:
+            msg = (None, None, f"{type(e).__name__}:{e}")
+    path_s, earlier, err = dist.broadcast(msg)
+    if err:
+        kind, _, text = err.partition(":")
+        raise (CacheMismatch if kind == "CacheMismatch" else rundir.RunDirError)(text)
+    path = Path(path_s)
+    cache = SampleCache(Path(suite.cache_dir) if suite.cache_dir else path / rundir.CACHE)
+    first_start = (earlier or {}).get("started") or started
+    resumed = list((earlier or {}).get("resumed", [])) + ([started] if earlier is not None else [])
+    tasks = _task_info(resolved)
+    if dist.is_main:
+        rundir.write_start(path, provenance.collect(
+            config_hash=resolved.config_hash, seed=suite.seed, models={}, tasks=tasks,
+            started=first_start, resumed=resumed))
+
+    session = _Session(resolved, path, cache, dist, progress)
+    outcome = RunOutcome(path, rank=dist.rank)
+    try:
+        with _torch_threads(suite.threads):
+            for mi, m in enumerate(resolved.models):
+                session.run_model(mi, m)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+
+    def execution_record(extra: dict) -> dict:
+        return {"started": started, "finished": provenance.utc_now(), "argv": argv,
+                "world_size": dist.world, "wall_s": time.perf_counter() - t0, **extra}
+
+    if outcome.interrupted:
+        outcome.computed, outcome.cached = session.computed, session.cached
+        outcome.wall_s = time.perf_counter() - t0
+        if dist.is_main:
+            rundir.append_execution(path, execution_record(
+                {"interrupted": True, "rank0_computed": session.computed,
+                 "rank0_cached": session.cached, "cache": cache.stats()}))
+        return outcome
+
+    gathered = dist.gather({"samples": session.samples, "cached": session.cached,
+                            "computed": session.computed, "tokens_run": session.tokens_run,
+                            "cache": cache.stats()})
+    outcome.wall_s = time.perf_counter() - t0
+    if not dist.is_main:
+        distributed.teardown(dist)
+        return outcome
+
+    rows = sorted((row for part in gathered for row in part["samples"]), key=lambda r: r[0])
+    samples = [SampleResult.from_dict(d) for _, d in rows]
+    tp = sum(p["tokens_prefilled"] for p in session.pairs)
+    pt = sum(p["prompt_tokens"] for p in session.pairs)
+    prefill = aggregate.prefill_block(tp, pt, session.pairs)
+    finished = provenance.utc_now()
+    prov = provenance.collect(config_hash=resolved.config_hash, seed=suite.seed,
+                              models=session.models, tasks=tasks, started=first_start,
+                              finished=finished, resumed=resumed)
+    results = aggregate.build_results(
+        run_id=path.name, version=__version__, created=finished,
+        config_hash=resolved.config_hash, provenance=prov, models=session.models, tasks=tasks,
+        samples=samples, prefill=prefill, suite=suite.name)
+    if suite.lm_eval_tasks:
+        results["lm_eval"] = _run_lm_eval(resolved, path)
+    totals = {k: sum(p[k] for p in gathered) for k in ("cached", "computed", "tokens_run")}
+    cache_stats = {k: sum(p["cache"][k] for p in gathered) for k in ("hits", "misses", "stale")}
+    per_rank = [{"computed": p["computed"], "cached": p["cached"]} for p in gathered]
+    rundir.append_execution(path, execution_record(
+        {"interrupted": False, **totals, "cache": cache_stats, "ranks": per_rank}))
+    rundir.finish(path, samples=(s.to_dict() for s in samples), results=results,
+                  provenance=prov,
+                  probes=list(session.probes.values()) if suite.log_samples else None)
+    summ = results["summary"]
+    outcome.results = results
+    outcome.samples, outcome.failed, outcome.flagged = summ["samples"], summ["failed"], summ["flagged"]
+    outcome.cached, outcome.computed = totals["cached"], totals["computed"]
+    outcome.prefill = prefill
+    outcome.wall_s = time.perf_counter() - t0
+    distributed.teardown(dist)
+    return outcome

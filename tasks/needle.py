@@ -1,0 +1,100 @@
+"""Needle in a haystack: one or several "special magic" facts hidden in prose or filler.
+
+Worked example (length 256, depth 0.5, load 3 = the asked needle plus 2 same-template
+distractor needles, haystack "prose"; the lines mark segment boundaries):
+
+    Alice was beginning to get very tired of sitting by her sister ... she had peeped
+    | The special magic number for Oslo is 3318202.                      <- distractor
+    | into the book her sister was reading ...
+    | The special magic number for Lisbon is 4821907.                    <- asked, depth 0.5
+    | ... 'and what is the use of a book,' thought Alice ...
+    | The special magic number for Kyoto is 7720016.                     <- distractor
+    | ... without pictures or conversations?
+    What is the special magic number for Lisbon?
+    The special magic number for Lisbon is            -> " 4821907"  (stop at "." or "\\n")
+
+gold = ("4821907",); candidates = ("4821907", "3318202", "7720016", <fresh numbers>...).
+The answer prefix restates the fact's own wording up to the value, so a pure copy
+(induction) model can answer by finding "for Lisbon is" and copying what followed.
+
+- load: the number of needles, the asked one included. Every needle has its own key (a city)
+  and the same template. The others are distractors.
+- queries: how many of the needles are asked, each in its own question after the whole
+  context. The final question asks the needle placed at the requested depth. The others ask
+  random other needles.
+- haystack: "prose" (Alice in Wonderland; see data/LICENSE.md) or "filler" (the repeated
+  "The grass is green. ..." sentences).
+- value_kind: "number" (`digits` digits), "word" (a noun absent from the prose) or "uuid".
+Lengths, depth and stop conventions: see evalkit.tasks.common.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evalkit.probe import Probe
+from evalkit.tasks import common as c
+
+KIND_NOUN = {"number": "number", "word": "word", "uuid": "UUID"}
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    haystack: Literal["prose", "filler"] = "prose"
+    value_kind: Literal["number", "word", "uuid"] = "number"
+    digits: int = Field(default=7, ge=2, le=12)
+    queries: int = Field(default=1, ge=1)
+    n_candidates: int = Field(default=5, ge=1)
+
+
+def generate(params: Params, *, task: str, version: str, tokenizer: Any, length: int,
+             depth: float, load: int, seed: int) -> Probe:
+    c.check_grid_point(length, depth, load)
+    if load > len(c.CITIES):
+        raise ValueError(f"load={load}: at most {len(c.CITIES)} needles (one key each)")
+    if params.queries > load:
+        raise ValueError(f"load={load} is too small: params.queries={params.queries} asked "
+                         f"needles need at least {params.queries} needles")
+    rng = random.Random(seed)
+    keys = rng.sample(c.CITIES, load)
+    values = c.make_values(rng, params.value_kind, load, params.digits)
+    stream_start = c.start_stream(rng, params.haystack)
+    offsets = [rng.random() for _ in range(load - 1)]
+    asked_others = rng.sample(range(1, load), params.queries - 1)
+    fresh_rng = random.Random(rng.getrandbits(64))
+
+    noun = KIND_NOUN[params.value_kind]
+    # Needle 0 is the one at the requested depth; it goes in at position round(depth * others).
+    n_before = round(depth * (load - 1))
+    order = list(range(1, n_before + 1)) + [0] + list(range(n_before + 1, load))
+    items = [c.Item(((f"The special magic {noun} for {keys[i]} is {values[i]}.", None),), key=i)
+             for i in order]
+    target = order.index(0)
+
+    def fresh(n: int) -> list[str]:
+        return c.make_values(random.Random(fresh_rng.random()), params.value_kind, n,
+                             params.digits, avoid=values)
+
+    def qspec(i: int) -> c.QSpec:
+        others = [values[j] for j in rng.sample(range(load), load) if j != i]
+        return c.QSpec(item=order.index(i), text=f"What is the special magic {noun} for {keys[i]}?",
+                       prefix=f"The special magic {noun} for {keys[i]} is", gold=(values[i],),
+                       candidates=c.candidates(values[i], others, params.n_candidates, fresh))
+
+    qspecs = [qspec(i) for i in asked_others] + [qspec(0)]
+    pieces = c.Pieces(tokenizer, chat=False)
+    last = qspecs[-1]
+    q_tokens = pieces.question_tokens([c.Segment("x")], last.text, last.prefix)
+    built = c.fit_layout(pieces=pieces, items=items, target=target, depth=depth, length=length,
+                        q_tokens=q_tokens, offsets=offsets, block=False,
+                        stream_factory=lambda: stream_start,
+                        what="needles and question" if load > 1 else "needle and question",
+                        load=load)
+    extra = c.haystack_extra(built.stream)
+    extra["value_kind"] = params.value_kind
+    probe = c.finish_probe(task=task, version=version, tokenizer=tokenizer, pieces=pieces,
+                           built=built, qspecs=qspecs, length=length, depth=depth, load=load,
+                           seed=seed, extra=extra)
+    return c.check_length(probe, length)

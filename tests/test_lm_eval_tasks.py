@@ -1,0 +1,122 @@
+"""evalkit tasks as lm-eval tasks: export an include path, run it with lm-eval itself.
+
+The oracle copies any single fact it has seen, so on the exported needle tasks it must score
+1.0 through lm-eval exactly as it does through evalkit.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from helpers import REPO, TINY_TOKENIZER
+
+LENGTHS = (256, 512)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from evalkit.cli import main
+
+    out = tmp_path_factory.mktemp("lm-eval-export")
+    rc = main(["lm-eval-export", "--tasks", "needle", "--tokenizer", str(TINY_TOKENIZER),
+               "--lengths", ",".join(map(str, LENGTHS)), "--depths", "0.5", "--loads", "3",
+               "--samples", "2", "--out", str(out)])
+    assert rc == 0
+    return out
+
+
+def test_export_writes_an_include_path(exported):
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    manifest = json.loads((exported / "evalkit_export.json").read_text())
+    made = manifest["tasks"]["needle"]["lm_eval_tasks"]
+    assert set(made) == {f"evalkit_needle_{n}" for n in LENGTHS} | {
+        f"evalkit_needle_choice_{n}" for n in LENGTHS}
+    lines = (exported / "data" / "needle_256.jsonl").read_text().splitlines()
+    docs = [json.loads(x) for x in lines]
+    assert len(docs) == 2
+    for d in docs:  # the fact is in the prompt, which is sized in the tokenizer's tokens
+        assert d["gold"][0] in d["prompt"] and abs(d["prompt_tokens"] - 256) <= 2
+        assert d["gold"][0] == d["candidates"][0] and d["max_new_tokens"] > 0
+        assert d["stop"] == ["\n", "."]  # the built-in tasks' convention: facts end with "."
+    cfg = load_yaml(exported / "evalkit_needle_256.yaml", resolve_func=True)
+    assert cfg["tag"] == ["evalkit_needle", "evalkit"] and callable(cfg["process_results"])
+
+
+def test_lm_eval_runs_the_exported_tasks_on_the_oracle(exported):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    import evalkit.model_adapters.lm_eval_bridge  # noqa: F401  -- registers --model "evalkit"
+    from evalkit.models import load_model
+
+    tm = TaskManager(include_path=str(exported), include_defaults=False)
+    out = simple_evaluate(model="evalkit", model_args="name=oracle", task_manager=tm,
+                          tasks=["evalkit_needle", "evalkit_needle_choice"],
+                          log_samples=True, bootstrap_iters=0)
+    res = out["results"]
+    for n in LENGTHS:
+        assert res[f"evalkit_needle_{n}"]["exact_match,none"] == 1.0
+        assert res[f"evalkit_needle_{n}"]["partial_credit,none"] == 1.0
+        assert res[f"evalkit_needle_choice_{n}"]["forced_choice,none"] == 1.0
+    # lm-eval asked each question as evalkit's runner does (its own budget and stop strings)
+    # and got what the adapter itself answers to the same prompt.
+    oracle = load_model("oracle")
+    for s in out["samples"]["evalkit_needle_256"]:
+        doc, (_, gen_kwargs) = s["doc"], s["arguments"][0]
+        assert gen_kwargs["max_gen_toks"] == doc["max_new_tokens"]
+        assert gen_kwargs["until"] == doc["stop"]
+        ids = oracle.tokenizer(doc["prompt"])["input_ids"]
+        direct = oracle.generate(oracle.prefill(ids), doc["max_new_tokens"], doc["stop"])
+        assert s["filtered_resps"][0] == direct and direct.strip() == doc["gold"][0]
+
+
+@pytest.mark.slow  # a child interpreter: lm-eval's CLI indexes all its tasks (~10 s) first
+def test_plain_lm_eval_command_knows_the_evalkit_model(exported, tmp_path):
+    """`lm-eval run --model evalkit ...` through the installable .pth hook (here added as a
+    site dir of a child interpreter, exactly as site-packages .pth files are processed)."""
+    from evalkit.lm_eval_cli import install_hook
+
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    install_hook(site_dir)
+    script = textwrap.dedent(f"""
+        import site, sys
+        site.addsitedir({str(site_dir)!r})
+        assert "evalkit.model_adapters.lm_eval_bridge" not in sys.modules  # lazy until asked
+        from lm_eval.__main__ import cli_evaluate   # what the `lm-eval` console script runs
+        sys.argv = ["lm-eval", "run", "--model", "evalkit", "--model_args", "name=oracle",
+                    "--include_path", {str(exported)!r}, "--tasks", "evalkit_needle_256",
+                    "--limit", "1", "--output_path", {str(tmp_path / "out")!r}]
+        cli_evaluate()
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = list((tmp_path / "out").rglob("results_*.json"))
+    assert results, proc.stdout[-2000:]
+    data = json.loads(results[0].read_text())
+    assert data["results"]["evalkit_needle_256"]["exact_match,none"] == 1.0
+    assert data["config"]["model"] == "evalkit"
+
+
+def test_run_lm_eval_tasks_writes_results_and_samples(exported, tmp_path):
+    """What `evalkit run --lm-eval-tasks` calls: options per model, as the runner passes them."""
+    from evalkit.lm_eval_run import run_lm_eval_tasks
+
+    out = tmp_path / "lm_eval"
+    res = run_lm_eval_tasks(["oracle"], ["evalkit_needle_choice_256"], output_dir=out,
+                            include_path=exported, include_defaults=False, limit=1,
+                            model_options={"oracle": {"order": 8}}, batch_size=1)
+    files = res["oracle"]["evalkit_files"]
+    saved = json.loads((out / "oracle" / "results.json").read_text())
+    assert saved["results"]["evalkit_needle_choice_256"]["forced_choice,none"] == 1.0
+    rows = (out / "oracle" / "samples_evalkit_needle_choice_256.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and files["samples"]["evalkit_needle_choice_256"].endswith(".jsonl")
+    with pytest.raises(ValueError, match="unknown lm-eval task"):
+        run_lm_eval_tasks(["oracle"], ["no_such_task"], output_dir=out, include_path=exported,
+                          include_defaults=False)
