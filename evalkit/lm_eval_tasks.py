@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from evalkit import atomic
+from evalkit.cli import csv_list
 
 GEN_METRICS = ("exact_match", "contains", "normalized_match", "string_match_all",
                "string_match_part", "partial_credit")
@@ -229,15 +230,6 @@ def export_tasks(tasks: Sequence[str], out_dir: str | Path, *, tokenizer: Any,
 
 # -- `evalkit lm-eval-export` -------------------------------------------------------------------
 
-def _csv(cast):
-    def parse(text: str):
-        try:
-            return [cast(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of "
-                                             f"{cast.__name__}, got {text!r}") from None
-    return parse
-
 
 def _unescape(text: str) -> str:
     out = text.encode("utf-8").decode("unicode_escape")
@@ -249,13 +241,13 @@ def _unescape(text: str) -> str:
 def add_parser(sub) -> None:
     p = sub.add_parser("lm-eval-export",
                        help="write evalkit tasks as an lm-eval include path (YAML + jsonl data)")
-    p.add_argument("--tasks", type=_csv(str), required=True, help="comma-separated task names")
+    p.add_argument("--tasks", type=csv_list(str), required=True, help="comma-separated task names")
     p.add_argument("--tokenizer", required=True,
                    help="tokenizer folder or tokenizer.json of the model to evaluate "
                         "(lengths are in its tokens)")
-    p.add_argument("--lengths", type=_csv(int))
-    p.add_argument("--depths", type=_csv(float))
-    p.add_argument("--loads", type=_csv(int))
+    p.add_argument("--lengths", type=csv_list(int))
+    p.add_argument("--depths", type=csv_list(float))
+    p.add_argument("--loads", type=csv_list(int))
     p.add_argument("--samples", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--include", action="append", default=[], help="folder of task YAMLs")

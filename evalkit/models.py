@@ -37,13 +37,7 @@ def _load_builtins() -> None:
         return
     _loaded = True
     for mod in BUILTIN_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            # Only a missing built-in module itself is tolerated (not yet built); a missing
-            # dependency inside it must surface.
-            if e.name != mod:
-                raise
+        importlib.import_module(mod)
 
 
 def model_names() -> list[str]:

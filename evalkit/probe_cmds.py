@@ -1,23 +1,14 @@
 """`evalkit tasks`, `evalkit validate`, `evalkit generate`: list, check and write probes."""
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 from evalkit import atomic
+from evalkit.cli import csv_list
 from evalkit.taskspec import SpecError, discover, generate_probes, grid, load_spec
 
 
-
-def _csv(cast):
-    def parse(text: str):
-        try:
-            return [cast(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of "
-                                             f"{cast.__name__}, got {text!r}") from None
-    return parse
 
 
 def default_tokenizer_path() -> Path:
@@ -41,9 +32,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="write a task's probes as JSON lines (and a dataset)")
     p.add_argument("task")
     p.add_argument("--include", action="append", default=[], help="folder of task YAMLs")
-    p.add_argument("--lengths", type=_csv(int))
-    p.add_argument("--depths", type=_csv(float))
-    p.add_argument("--loads", type=_csv(int))
+    p.add_argument("--lengths", type=csv_list(int))
+    p.add_argument("--depths", type=csv_list(float))
+    p.add_argument("--loads", type=csv_list(int))
     p.add_argument("--samples", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", required=True, help="tokenizer folder or tokenizer.json")

@@ -34,18 +34,10 @@ from pathlib import Path
 
 import yaml
 
+from evalkit.cli import csv_list
 from evalkit.runner import rundir
 from evalkit.runner.suite import SuiteConfig, SuiteError, load_suite, override, resolve, validate
 
-
-def _csv(cast):
-    def parse(text: str):
-        try:
-            return [cast(x.strip()) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of "
-                                             f"{cast.__name__}, got {text!r}") from None
-    return parse
 
 
 def _model_args(text: str) -> dict:
@@ -63,15 +55,15 @@ def add_parser(sub) -> None:
     p = sub.add_parser("run", help="evaluate models on tasks; write runs/<run-id>/",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="suite YAML (e.g. configs/quick.yaml)")
-    p.add_argument("--models", type=_csv(str), help="comma-separated model names, NAME:PATH or paths")
+    p.add_argument("--models", type=csv_list(str), help="comma-separated model names, NAME:PATH or paths")
     p.add_argument("--model-args", type=_model_args, help="k=v,... load options for --models")
-    p.add_argument("--tasks", type=_csv(str), help="comma-separated task names, globs or groups")
+    p.add_argument("--tasks", type=csv_list(str), help="comma-separated task names, globs or groups")
     p.add_argument("--include", action="append", help="folder of task YAMLs (repeatable)")
     p.add_argument("--plugins", action="append",
                    help="Python file or module registering models (repeatable)")
-    p.add_argument("--lengths", type=_csv(int), help="target prompt lengths, model tokens")
-    p.add_argument("--depths", type=_csv(float), help="fact depths in [0, 1]")
-    p.add_argument("--loads", type=_csv(int), help="facts per probe")
+    p.add_argument("--lengths", type=csv_list(int), help="target prompt lengths, model tokens")
+    p.add_argument("--depths", type=csv_list(float), help="fact depths in [0, 1]")
+    p.add_argument("--loads", type=csv_list(int), help="facts per probe")
     p.add_argument("--samples", type=int, help="probes per grid cell")
     p.add_argument("--limit", type=float, help="at most N probes per task (a fraction if < 1)")
     p.add_argument("--seed", type=int)
@@ -85,7 +77,7 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", nargs="?", const=True, metavar="RUN_DIR",
                    help="continue a run (RUN_DIR, or the --output directory)")
     p.add_argument("--cache-dir", help="shared sample cache (default: RUN_DIR/cache)")
-    p.add_argument("--lm-eval-tasks", type=_csv(str), help="lm-eval task names to run as well")
+    p.add_argument("--lm-eval-tasks", type=csv_list(str), help="lm-eval task names to run as well")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 

@@ -37,6 +37,8 @@ def load_config(path: str, **overrides):
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such training config")
     raw = yaml.safe_load(p.read_text()) or {}
+    if isinstance(raw, dict) and "include" in raw:  # task folders are relative to the config
+        raw["include"] = [str((p.parent / d).resolve()) for d in raw["include"]]
     try:
         return TrainConfig.model_validate({**raw, **{k: v for k, v in overrides.items()
                                                      if v is not None}})
@@ -45,23 +47,21 @@ def load_config(path: str, **overrides):
         raise ValueError("\n".join(lines)) from None
 
 
-def _loss_plot(history: dict, path: Path) -> None:
-    import matplotlib
+def _loss_plot(result: dict, path: Path) -> None:
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for k, v in history.items():
-        ax.plot(v, label=NAMES[k], linewidth=1)
-    ax.set_xlabel("step")
-    ax.set_ylabel("weighted cross-entropy")
-    ax.set_yscale("log")
-    ax.legend()
-    ax.set_title("training loss (same batches, same optimizer)")
+    fig = Figure(figsize=(9, 3.5))
+    for ax, key, title in zip(fig.subplots(1, 2), ("history", "answer_history"),
+                              ("weighted loss, all tokens", "loss on answer tokens")):
+        for k, v in result[key].items():
+            ax.plot(v, label=NAMES[k], linewidth=0.8)
+        ax.set_xlabel("step")
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.legend()
+    fig.suptitle("training loss (same batches, same optimizer)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _bytes_table(gla_cfg, llama_cfg, lengths=(256, 512, 1024, 2048, 4096, 8192)) -> str:
@@ -99,7 +99,7 @@ equal terms on 2 CPU cores. Its twin is `{NAMES['softmax' if kind == 'gla' else 
 | steps | {cfg.steps}, each about {cfg.batch_tokens:,} tokens (one probe length per batch, cycling {', '.join(str(n - cfg.answer_room) for n in cfg.lengths)}) |
 | optimizer | AdamW (betas 0.9/0.95, weight decay {cfg.weight_decay}), lr {cfg.lr}, {cfg.warmup} warm-up steps then cosine to 0, grad clip 1.0 |
 | loss | next-token cross-entropy over the whole sequence, answer tokens weighted x{cfg.answer_weight} |
-| final loss (mean of last 25 steps) | {final_loss(hist):.4f} |
+| final loss (mean of last 25 steps) | {final_loss(hist):.4f} (answer tokens alone: {final_loss(result['answer_history'][kind]):.4f}) |
 | training time | {result['seconds'][kind] / 60:.1f} min on {cfg.threads} CPU threads ({platform.processor() or platform.machine()}) |
 | seed | {cfg.seed} (initialisation and batch order) |
 | evalkit | {__version__}; recipe: `{config_path}` |
@@ -157,9 +157,10 @@ def run(args) -> int:
         else:
             llama.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        _loss_plot(result["history"], tmp / "loss.png")
+        _loss_plot(result, tmp / "loss.png")
         (tmp / "train_log.json").write_text(json.dumps(
             {"config": cfg.model_dump(mode="json"), "history": result["history"][kind],
+             "answer_history": result["answer_history"][kind],
              "seconds": result["seconds"][kind], "params": result["params"][kind],
              "evalkit_version": __version__}, indent=1) + "\n")
         (tmp / "README.md").write_text(_card(name, kind, cfg, result, gla_cfg, llama.config,

@@ -11,7 +11,8 @@ logits. `state_bytes` is the measured size of the cache tensors; the logits are 
 
 Memory-matched baseline ("KV budget" semantics)
 -----------------------------------------------
-`window=W` (or `kv_budget_bytes=B`, giving W = floor(B / KV bytes per token)) limits the state to
+`window=W` (or `kv_budget_bytes=B`, giving W = floor(B / KV bytes per token), or
+`match_state_of=NAME`, giving B = that model's state bytes) limits the state to
 the KV of at most W tokens: after every forward chunk the oldest entries are evicted, so the
 cache never holds more than W tokens between calls. A new token at absolute position t attends
 to the retained tokens and itself: keys at positions max(0, t - W) .. t (W + 1 keys), plus the
@@ -272,8 +273,8 @@ class SoftmaxAdapter:
 
     def __init__(self, path: str | os.PathLike, *, name: str | None = None, device: str = "cpu",
                  dtype: Any = "fp32", trust_remote_code: bool = False, window: int | None = None,
-                 kv_budget_bytes: int | None = None, sink: int = 0, max_length: int | None = None,
-                 prefill_chunk: int = 2048, score_batch: int = 32, score_batch_bytes: int = 2 << 30,
+                 kv_budget_bytes: int | None = None, match_state_of: str | None = None,
+                 sink: int = 0, max_length: int | None = None, prefill_chunk: int = 2048, score_batch: int = 32, score_batch_bytes: int = 2 << 30,
                  extra_identity: dict | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -314,6 +315,16 @@ class SoftmaxAdapter:
 
         self._full_profile = kv_profile(self.model)
         self.sink = int(sink)
+        self.match_state_of = match_state_of
+        if match_state_of is not None:  # memory-matched: the KV budget of another model's state
+            if kv_budget_bytes is not None:
+                raise ValueError("pass either kv_budget_bytes or match_state_of, not both")
+            from evalkit.models_cmd import describe_model
+
+            kv_budget_bytes = describe_model(match_state_of)["state_bytes"]
+            if not kv_budget_bytes:
+                raise ValueError(f"match_state_of={match_state_of!r}: that model reports no "
+                                 f"fixed state size to match")
         if kv_budget_bytes is not None:
             if window is not None:
                 raise ValueError("pass either window or kv_budget_bytes, not both")
@@ -586,6 +597,7 @@ class SoftmaxAdapter:
             "window": self.window,
             "sink": self.sink if self.window is not None else None,
             "kv_budget_bytes": self.kv_budget_bytes,
+            "match_state_of": self.match_state_of,
             "max_length": self.max_length,
             "transformers": transformers.__version__,
         }

@@ -1,8 +1,9 @@
 """Training sequences made by the task plugins, with seeds disjoint from every evaluation seed.
 
 Evaluation probes use seeds below 2^31 (evalkit.taskspec.EVAL_SEED_MASK); training seeds are
-2^31 + i. A training sequence is exactly an evaluation prompt (context up to the question, the
-question, the answer prefix) followed by the gold answer and a newline:
+2^31 + i. A training sequence is an evaluation prompt (context up to the question, the question, the
+answer prefix) followed by the gold answer and a newline; multi-query probes append every
+question with its answer:
 
     [bos] context ... "\\nWhat is the magic number for Lisbon?\\nThe magic number for Lisbon is"
     " 4821" "\\n"
@@ -34,17 +35,30 @@ class Sequence_:
 
 def training_sequence(spec: TaskSpec, tokenizer: Any, *, length: int, depth: float, load: int,
                       seed: int) -> Sequence_:
-    """One probe's prompt for one of its questions (chosen by the seed), then the gold answer."""
+    """A probe in evaluation format followed by gold answers.
+
+    When every question follows the whole context (multi-query probes), all of them are
+    appended in turn, each with its answer, so one sequence supervises several recalls;
+    otherwise one question, chosen by the seed, is asked where the probe asks it."""
     if seed < TRAIN_SEED_BASE:
         raise ValueError(f"training seed {seed} is below 2^31: it could be an evaluation seed")
     probe = spec.generator(spec.params, task=spec.name, version=spec.version,
                            tokenizer=tokenizer, length=length, depth=depth, load=load, seed=seed)
-    qi = seed % len(probe.questions)
-    q = probe.questions[qi]
-    prompt = render(probe, tokenizer).prompt(qi, q.after_segment)
-    answer = continuation_ids(tokenizer, ", ".join(q.gold)) + encode(tokenizer, "\n")
-    return Sequence_(tuple(prompt + answer), (False,) * len(prompt) + (True,) * len(answer),
-                     length)
+    r = render(probe, tokenizer)
+    n = len(probe.context)
+    if all(q.after_segment == n for q in probe.questions):
+        asked = list(range(len(probe.questions)))
+    else:
+        asked = [seed % len(probe.questions)]
+    after = probe.questions[asked[0]].after_segment
+    ids = [t for piece in r.context[:after] for t in piece]
+    mask = [False] * len(ids)
+    newline = encode(tokenizer, "\n")
+    for qi in asked:
+        answer = continuation_ids(tokenizer, ", ".join(probe.questions[qi].gold)) + newline
+        ids += list(r.questions[qi]) + answer
+        mask += [False] * len(r.questions[qi]) + [True] * len(answer)
+    return Sequence_(tuple(ids), tuple(mask), length)
 
 
 def make_pool(specs: Sequence[TaskSpec], tokenizer: Any, *, lengths: Sequence[int],

@@ -22,6 +22,7 @@ from evalkit.training.data import TRAIN_SEED_BASE, batch, make_pool
 class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     tasks: tuple[str, ...]
+    include: tuple[str, ...] = ()         # extra task folders (training-only variants)
     loads: dict[str, tuple[int, ...]] = Field(default_factory=dict)  # per task; default (1,)
     seq_len: int = 1024                   # trained length: the pair is evaluated up to here
     lengths: tuple[int, ...] = (256, 512, 1024)  # probe lengths drawn for training sequences
@@ -85,10 +86,18 @@ def _loss(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tenso
 
 
 def train_pair(cfg: TrainConfig, tokenizer: Any, log=print) -> dict:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        return _train_pair(cfg, tokenizer, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_pair(cfg: TrainConfig, tokenizer: Any, log) -> dict:
     from evalkit.taskspec import discover
 
-    torch.set_num_threads(cfg.threads)
-    reg = discover()
+    reg = discover(cfg.include)
     specs = [reg.get(t) for t in cfg.tasks]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     gla, gla_cfg, llama = build_pair(cfg, len(tokenizer), pad, tokenizer.bos_token_id,
@@ -106,6 +115,7 @@ def train_pair(cfg: TrainConfig, tokenizer: Any, log=print) -> dict:
     opts = {k: torch.optim.AdamW(m.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                                  weight_decay=cfg.weight_decay) for k, m in models.items()}
     history: dict[str, list[float]] = {k: [] for k in models}
+    answer_history: dict[str, list[float]] = {k: [] for k in models}
     seconds = {k: 0.0 for k in models}
     rng = random.Random(cfg.seed)
     # Batches hold sequences of one probe length, padded only to their own longest row, so a
@@ -125,16 +135,22 @@ def train_pair(cfg: TrainConfig, tokenizer: Any, log=print) -> dict:
             m.train()
             logits = m(x) if k == "gla" else m(input_ids=x).logits
             loss = _loss(logits, y, w)
+            with torch.no_grad():  # recall is the point: log the loss on answer tokens alone
+                ans = _loss(logits.detach(), y, (w > 1).float())
             opts[k].zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
             opts[k].step()
             seconds[k] += time.time() - t
             history[k].append(loss.item())
+            answer_history[k].append(ans.item())
         if step % 10 == 0 or step == cfg.steps - 1:
-            log(f"step {step:4d} len {L:4d}  gla {history['gla'][-1]:.3f}  softmax "
-                f"{history['softmax'][-1]:.3f}  ({seconds['gla']:.0f}s / {seconds['softmax']:.0f}s)")
-    return {"gla": (gla, gla_cfg), "softmax": llama, "history": history, "seconds": seconds,
+            log(f"step {step:4d} len {L:4d}  loss gla {history['gla'][-1]:.3f} softmax "
+                f"{history['softmax'][-1]:.3f}  answer-loss gla {answer_history['gla'][-1]:.3f} "
+                f"softmax {answer_history['softmax'][-1]:.3f}  "
+                f"({seconds['gla']:.0f}s / {seconds['softmax']:.0f}s)", flush=True)
+    return {"gla": (gla, gla_cfg), "softmax": llama, "history": history,
+            "answer_history": answer_history, "seconds": seconds,
             "params": {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}}
 
 
