@@ -98,7 +98,7 @@ equal terms on 2 CPU cores. Its twin is `{NAMES['softmax' if kind == 'gla' else 
 | trained length | {cfg.seq_len} tokens: evaluate only up to here |
 | steps | {cfg.steps}, each about {cfg.batch_tokens:,} tokens (one probe length per batch, cycling {', '.join(str(n - cfg.answer_room) for n in cfg.lengths)}) |
 | optimizer | AdamW (betas 0.9/0.95, weight decay {cfg.weight_decay}), lr {cfg.lr}, {cfg.warmup} warm-up steps then cosine to 0, grad clip 1.0 |
-| loss | next-token cross-entropy over the whole sequence, answer tokens weighted x{cfg.answer_weight} |
+| loss | next-token cross-entropy over the whole sequence, answer tokens weighted {cfg.answer_weight}, all other tokens {cfg.context_weight} |
 | final loss (mean of last 25 steps) | {final_loss(hist):.4f} (answer tokens alone: {final_loss(result['answer_history'][kind]):.4f}) |
 | training time | {result['seconds'][kind] / 60:.1f} min on {cfg.threads} CPU threads ({platform.processor() or platform.machine()}) |
 | seed | {cfg.seed} (initialisation and batch order) |

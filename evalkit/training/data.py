@@ -8,8 +8,9 @@ question with its answer:
     [bos] context ... "\\nWhat is the magic number for Lisbon?\\nThe magic number for Lisbon is"
     " 4821" "\\n"
 
-Targets: every next token (language modelling), with answer tokens weighted up so recall is
-learned within a short CPU budget.
+Targets: every next token, answer tokens weighted far above the rest: the haystack prose
+repeats across sequences, so a small model can memorise it instead of reading its context,
+and only the answers reward in-context recall.
 """
 from __future__ import annotations
 
@@ -80,8 +81,8 @@ def make_pool(specs: Sequence[TaskSpec], tokenizer: Any, *, lengths: Sequence[in
     return pool
 
 
-def batch(seqs: Sequence[Sequence_], seq_len: int, pad_id: int,
-          answer_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def batch(seqs: Sequence[Sequence_], seq_len: int, pad_id: int, answer_weight: float,
+          context_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-pad to seq_len. Returns inputs [B, T], targets [B, T], weights [B, T]."""
     B = len(seqs)
     x = torch.full((B, seq_len), pad_id, dtype=torch.long)
@@ -94,5 +95,6 @@ def batch(seqs: Sequence[Sequence_], seq_len: int, pad_id: int,
         n = len(s.ids) - 1
         x[b, :n] = torch.tensor(s.ids[:-1])
         y[b, :n] = torch.tensor(s.ids[1:])
-        w[b, :n] = torch.tensor([answer_weight if m else 1.0 for m in s.answer_mask[1:]])
+        w[b, :n] = torch.tensor([answer_weight if m else context_weight
+                                 for m in s.answer_mask[1:]])
     return x, y, w

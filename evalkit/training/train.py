@@ -33,7 +33,8 @@ class TrainConfig(BaseModel):
     lr: float = 3e-3
     warmup: int = 50
     weight_decay: float = 0.1
-    answer_weight: float = 5.0
+    answer_weight: float = 5.0            # loss weight of answer tokens
+    context_weight: float = 1.0           # loss weight of every other token
     seed: int = 0
     hidden_size: int = 128
     num_layers: int = 4
@@ -127,7 +128,8 @@ def _train_pair(cfg: TrainConfig, tokenizer: Any, log) -> dict:
     for step in range(cfg.steps):
         L = buckets[step % len(buckets)]
         seqs = rng.sample(by_len[L], min(len(by_len[L]), max(1, cfg.batch_tokens // L)))
-        x, y, w = batch(seqs, max(len(s.ids) - 1 for s in seqs), pad, cfg.answer_weight)
+        x, y, w = batch(seqs, max(len(s.ids) - 1 for s in seqs), pad, cfg.answer_weight,
+                        cfg.context_weight)
         for k, m in models.items():
             for g in opts[k].param_groups:
                 g["lr"] = _lr(step, cfg)
@@ -136,7 +138,7 @@ def _train_pair(cfg: TrainConfig, tokenizer: Any, log) -> dict:
             logits = m(x) if k == "gla" else m(input_ids=x).logits
             loss = _loss(logits, y, w)
             with torch.no_grad():  # recall is the point: log the loss on answer tokens alone
-                ans = _loss(logits.detach(), y, (w > 1).float())
+                ans = _loss(logits.detach(), y, (w == cfg.answer_weight).float())
             opts[k].zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
