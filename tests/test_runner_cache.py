@@ -35,6 +35,12 @@ def slow_suite(tok_dir):
                       loads=[4], samples=2)
 
 
+def _default_sigint() -> None:
+    # A shell's background job (nohup ... &, some CI runners) starts with SIGINT ignored, and
+    # the child would inherit that; Ctrl-C must reach it as it would in a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def entries(cache_root: Path) -> list[Path]:
     return list((cache_root / "entries").glob("*/*.json")) if cache_root.exists() else []
 
@@ -56,7 +62,7 @@ def test_killed_run_resumes_to_identical_results(tok_dir, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "evalkit", "run", "--config", str(cfg),
                              "--output", str(out), "--no-progress"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_default_sigint)
     deadline = time.time() + 120
     while len(entries(out / "cache")) < 4 and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
