@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evalkit.probe import Probe, canonical_json
 from evalkit.registry import Registry
+from evalkit.yamlfile import read_yaml
 
 def _builtin_dir() -> Path:
     import evalkit.tasks
@@ -137,12 +137,7 @@ def _import_generator(ref: str, path: Path, include: Sequence[Path]) -> tuple[Ca
 def load_spec(path: str | Path) -> TaskSpec:
     """Parse and validate one task YAML. Every problem is a SpecError naming the file and key."""
     path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"{path}: no such task file")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path}: malformed YAML: {e}") from e
+    raw = read_yaml(path, SpecError, "task file")
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: expected a mapping of keys (task, generator, params, ...), "
                         f"got {type(raw).__name__}")

@@ -13,10 +13,10 @@ import shutil
 import time
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from evalkit import __version__
+from evalkit.yamlfile import read_yaml
 
 NAMES = {"gla": "recall-gla-tiny", "softmax": "recall-softmax-tiny"}
 
@@ -34,9 +34,10 @@ def load_config(path: str, **overrides):
     from evalkit.training.train import TrainConfig
 
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such training config")
-    raw = yaml.safe_load(p.read_text()) or {}
+    raw = read_yaml(p, ValueError, "training config") or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{p}: expected a mapping of keys (tasks, steps, ...), got "
+                         f"{type(raw).__name__}")
     if isinstance(raw, dict) and "include" in raw:  # task folders are relative to the config
         raw["include"] = [str((p.parent / d).resolve()) for d in raw["include"]]
     try:

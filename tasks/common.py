@@ -455,17 +455,19 @@ def fit_words(pieces: Pieces, stream: WordStream, start: int, n: int, pre: str, 
             return 0
         return extra + pieces.count(pre + " ".join(stream.words(a, k)) + post)
 
-    if offs is None:  # slow tokenizer: real counts only
-        best = (start, 0, 0)
-        for shift in range(max_shift + 1):
+    def search_real(shifts, hint, best):  # fit with real token counts at each start shift
+        for shift in shifts:
             a = start + shift
-            k, got = _gallop_fit(lambda k, a=a: count(k, a), n, max(1, round((n - base) / tpw)),
-                                 len(words) - shift)
+            k, got = _gallop_fit(lambda k, a=a: count(k, a), n, hint(shift), len(words) - shift)
             if got > best[2]:
                 best = (a, k, got)
             if got == n:
                 break
         return best
+
+    if offs is None:  # slow tokenizer: real counts only
+        guess = max(1, round((n - base) / tpw))
+        return search_real(range(max_shift + 1), lambda shift: guess, (start, 0, 0))
 
     starts, ends, pos = [], [], len(pre)  # character span of each word in pre + text
     for w in words:
@@ -502,15 +504,8 @@ def fit_words(pieces: Pieces, stream: WordStream, start: int, n: int, pre: str, 
                 recalibrated, delta = True, got - raw(shift, k)
                 continue
         shift += 1
-    for shift in range(1, max_shift + 1):  # estimates failed (rare): search with real counts
-        a = start + shift
-        k, got = _gallop_fit(lambda k, a=a: count(k, a), n, k_for(shift, n - delta),
-                             len(words) - shift)
-        if got > best[2]:
-            best = (a, k, got)
-        if got == n:
-            break
-    return best
+    # estimates failed (rare): search with real counts
+    return search_real(range(1, max_shift + 1), lambda shift: k_for(shift, n - delta), best)
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,12 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evalkit.probe import canonical_json
 from evalkit.render import ANSWER_STOP
 from evalkit.taskspec import GridPoint, SpecError, TaskSpec, discover, grid
+from evalkit.yamlfile import read_yaml
 
 # Groups every suite knows; a suite's own `groups:` may add more (not replace these).
 BUILTIN_GROUPS: dict[str, tuple[str, ...]] = {"all": ("*",)}
@@ -173,13 +173,7 @@ def _absolute(paths: Sequence[str], base: Path) -> tuple[str, ...]:
 def load_suite(path: str | os.PathLike) -> SuiteConfig:
     """Read a suite YAML. `include` and `plugins` paths become absolute (relative to the file)."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"suite config {path}: no such file")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SuiteError(f"{path}: malformed YAML: {e}") from None
-    suite = validate(raw, str(path))
+    suite = validate(read_yaml(path, SuiteError, "suite config"), str(path))
     base = path.resolve().parent
     return suite.model_copy(update={"include": _absolute(suite.include, base),
                                     "plugins": _absolute(suite.plugins, base)})
