@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from evalkit.model_adapters.gla.ops import chunk as chunk_module
 from evalkit.model_adapters.gla.ops import chunk_gla, fused_recurrent_gla, naive_recurrent_gla
 
 B, H, K, V = 2, 2, 16, 32
@@ -19,9 +20,24 @@ def inputs(T, seed=0, gate_scale=3.0, dtype=torch.float32):
     return [x.to(dtype) for x in (q, k, v, gk)], s0
 
 
+@pytest.fixture(params=["one-matmul", "log-space"])
+def scores_path(request, monkeypatch):
+    """Run a test through each way chunk_gla forms in-chunk scores (see chunk.py)."""
+    if request.param == "log-space":
+        monkeypatch.setattr(chunk_module, "FAST_SPAN", -1.0)
+    return request.param
+
+
+def test_test_gates_take_the_one_matmul_path():
+    # The default inputs must really exercise the fast path: span per 128-chunk <= FAST_SPAN.
+    (_, _, _, g), _ = inputs(1000, seed=1000)
+    span = -g[:, :896].unflatten(1, (7, 128)).sum(2).min()
+    assert 5 < span <= chunk_module.FAST_SPAN
+
+
 @pytest.mark.parametrize("T", [1, 127, 128, 129, 1000])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_chunk_equals_naive(T, with_state):
+def test_chunk_equals_naive(T, with_state, scores_path):
     (q, k, v, g), s0 = inputs(T, seed=T)
     init = s0 if with_state else None
     o_ref, s_ref = naive_recurrent_gla(q, k, v, g, init, output_final_state=True)
@@ -32,7 +48,7 @@ def test_chunk_equals_naive(T, with_state):
 
 
 @pytest.mark.parametrize("chunk_size", [16, 48, 64, 256])
-def test_chunk_size_is_configurable(chunk_size):
+def test_chunk_size_is_configurable(chunk_size, scores_path):
     (q, k, v, g), s0 = inputs(200, seed=1)
     o_ref, s_ref = naive_recurrent_gla(q, k, v, g, s0, True)
     o, s = chunk_gla(q, k, v, g, s0, True, chunk_size=chunk_size)
@@ -73,7 +89,7 @@ def test_single_step_form_decodes_like_naive():
     assert fused_recurrent_gla(q, k, v, g)[1] is None  # no final state unless asked
 
 
-def test_chunk_gradients_match_naive():
+def test_chunk_gradients_match_naive(scores_path):
     (q, k, v, g), s0 = inputs(40, seed=5)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g, s0)]
     grads = []
