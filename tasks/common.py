@@ -40,6 +40,7 @@ the count is exact.
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 import numbers
 import random
@@ -185,6 +186,17 @@ def value_words() -> tuple[str, ...]:
     return tuple(w for w in VALUE_WORDS if w not in prose)
 
 
+@functools.lru_cache(maxsize=None)
+def phrase_words() -> tuple[str, ...]:
+    """The prose's 400 most frequent lower-case words of 3+ letters (ties alphabetical). Phrase
+    values are random orders of them: common words, one token each in most tokenizers, so a
+    copied phrase is a run of single-token copies whose order only the context can tell."""
+    counts = collections.Counter(w.strip(".,;:!?'\"()-_").lower() for w in haystack("prose").words)
+    ranked = sorted((w for w in counts if w.isalpha() and len(w) >= 3),
+                    key=lambda w: (-counts[w], w))
+    return tuple(ranked[:400])
+
+
 class WordStream:
     """Haystack words read from a start word onward, wrapping around the end of the text."""
 
@@ -212,8 +224,9 @@ class WordStream:
 # Values and keys (all from the probe's seeded RNG)
 
 def make_values(rng: random.Random, kind: str, n: int, digits: int,
-                avoid: Sequence[str] = ()) -> list[str]:
-    """n distinct values of one kind: numbers with `digits` digits, words, or UUIDs."""
+                avoid: Sequence[str] = (), words: int = 8) -> list[str]:
+    """n distinct values of one kind: numbers with `digits` digits, words, UUIDs, or phrases
+    of `words` distinct common prose words in random order (a copy only the context supplies)."""
     seen = set(avoid)
     out: list[str] = []
     if kind == "word" and n + len(seen) > len(value_words()):
@@ -229,8 +242,11 @@ def make_values(rng: random.Random, kind: str, n: int, digits: int,
             v = rng.choice(value_words())
         elif kind == "uuid":
             v = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        elif kind == "phrase":
+            v = " ".join(rng.sample(phrase_words(), words))
         else:
-            raise ValueError(f"value_kind={kind!r}: expected 'number', 'word' or 'uuid'")
+            raise ValueError(f"value_kind={kind!r}: expected 'number', 'word', 'uuid' or "
+                             f"'phrase'")
         if v not in seen:
             seen.add(v)
             out.append(v)

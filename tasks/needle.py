@@ -24,7 +24,9 @@ The answer prefix restates the fact's own wording up to the value, so a pure cop
   random other needles.
 - haystack: "prose" (Alice in Wonderland; see data/LICENSE.md) or "filler" (the repeated
   "The grass is green. ..." sentences).
-- value_kind: "number" (`digits` digits), "word" (a noun absent from the prose) or "uuid".
+- value_kind: "number" (`digits` digits), "word" (a noun absent from the prose), "uuid", or
+  "phrase" (`words` distinct common prose words in random order: a long verbatim copy, the recall
+  that a fixed state loses first, cf. Jelassi et al. 2024, "Repeat After Me").
 Lengths, depth and stop conventions: see evalkit.tasks.common.
 """
 from __future__ import annotations
@@ -37,14 +39,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from evalkit.probe import Probe
 from evalkit.tasks import common as c
 
-KIND_NOUN = {"number": "number", "word": "word", "uuid": "UUID"}
+KIND_NOUN = {"number": "number", "word": "word", "uuid": "UUID", "phrase": "phrase"}
 
 
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     haystack: Literal["prose", "filler"] = "prose"
-    value_kind: Literal["number", "word", "uuid"] = "number"
+    value_kind: Literal["number", "word", "uuid", "phrase"] = "number"
     digits: int = Field(default=7, ge=2, le=12)
+    words: int = Field(default=8, ge=2, le=32)  # phrase values only
     queries: int = Field(default=1, ge=1)
     n_candidates: int = Field(default=5, ge=1)
 
@@ -59,7 +62,7 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
                          f"needles need at least {params.queries} needles")
     rng = random.Random(seed)
     keys = rng.sample(c.CITIES, load)
-    values = c.make_values(rng, params.value_kind, load, params.digits)
+    values = c.make_values(rng, params.value_kind, load, params.digits, words=params.words)
     stream_start = c.start_stream(rng, params.haystack)
     offsets = [rng.random() for _ in range(load - 1)]
     asked_others = rng.sample(range(1, load), params.queries - 1)
@@ -75,7 +78,7 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
 
     def fresh(n: int) -> list[str]:
         return c.make_values(random.Random(fresh_rng.random()), params.value_kind, n,
-                             params.digits, avoid=values)
+                             params.digits, avoid=values, words=params.words)
 
     def qspec(i: int) -> c.QSpec:
         others = [values[j] for j in rng.sample(range(load), load) if j != i]

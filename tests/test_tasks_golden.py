@@ -9,6 +9,7 @@ from evalkit.taskspec import discover
 GOLDEN = {
     ("needle", 1024, 0.5, 1, 11): "d7f8af66552bc0fbd4812ddc9dd0edad73eb58b0ee7a3d7b6b5857de6efd608b",
     ("needle_uuid", 512, 0.0, 1, 12): "36d7696edd0e32a38cf251acac67d3168b7653d2560333248a889de25e6487a4",
+    ("needle_phrase", 1024, 0.5, 2, 15): "954fa496043a542a453a8baee6047b40eea50b04e3b12c6ba5f14b050d5b4e2b",
     ("needle_filler", 2048, 1.0, 1, 13): "84f5dbfc56c2660155b45c38cc6d5ba06d235728a0ef9d9c9a7df150d91761ee",
     ("needle_multi", 1024, 0.25, 4, 14): "566322853e63e2d71f8550eccfce9ff9c83bd7735bd23b402b7bad0f19d09c55",
     ("multikey", 4096, 0.5, 16, 21): "1b75327e288abd2bba2d80bd0a765c79a824431eafc106f101c49991593cfd1d",

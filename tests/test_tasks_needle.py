@@ -28,7 +28,7 @@ def fact_segment(probe, q, tokenizer):
 
 @pytest.mark.parametrize("length", [256, 512, 1024, 2048, 4096, 8192])
 @pytest.mark.parametrize("value_kind,haystack", [("number", "prose"), ("uuid", "prose"),
-                                                 ("word", "filler")])
+                                                 ("word", "filler"), ("phrase", "prose")])
 def test_length_is_exact_in_model_tokens(tiny_tokenizer, length, value_kind, haystack):
     for depth in (0.0, 0.5, 1.0):
         p = gen(needle, tiny_tokenizer, length=length, depth=depth, seed=length,
@@ -85,13 +85,22 @@ def test_several_needles_distractors_and_queries(tiny_tokenizer):
 
 
 def test_answer_prefix_restates_the_fact(tiny_tokenizer):
-    for kind in ("number", "word", "uuid"):
+    for kind in ("number", "word", "uuid", "phrase"):
         p = gen(needle, tiny_tokenizer, length=512, seed=4, value_kind=kind)
         q = p.questions[0]
         assert q.text == "What is t" + q.answer_prefix[1:-3] + "?"  # "The ... is" -> "What is the ...?"
         assert f" {q.answer_prefix} {q.gold[0]}." in " ".join(s.text for s in p.context)
     word = gen(needle, tiny_tokenizer, length=512, seed=4, value_kind="word").questions[0].gold[0]
     assert word not in (REPO / "tasks" / "data" / "alice.txt").read_text().lower()
+
+
+def test_phrase_values_are_random_sequences_of_distinct_prose_words(tiny_tokenizer):
+    p = gen(needle, tiny_tokenizer, length=1024, seed=8, value_kind="phrase", words=12, load=3)
+    q = p.questions[-1]
+    words = q.gold[0].split(" ")
+    assert len(words) == len(set(words)) == 12 and set(words) <= set(common.phrase_words())
+    assert len(set(q.candidates)) == len(q.candidates) and q.gold[0] in q.candidates
+    assert all(len(c.split(" ")) == 12 for c in q.candidates)
 
 
 def test_pure_function_of_params_seed_and_tokenizer(tiny_tokenizer):
@@ -138,7 +147,7 @@ def test_second_real_tokenizer(tiny_tokenizer):
 def test_builtin_task_files_load_and_generate(tiny_tokenizer):
     reg = discover()
     builtin = [n for n in reg.names() if reg.get(n).source.parent == REPO / "tasks"]
-    assert {"needle", "needle_uuid", "needle_words", "needle_filler", "needle_multi",
+    assert {"needle", "needle_uuid", "needle_phrase", "needle_words", "needle_filler", "needle_multi",
             "multikey", "multikey_mqar", "multikey_multivalue", "multikey_multiquery",
             "conversation", "conversation_checkpoints"} <= set(builtin)
     for name in builtin:
