@@ -181,8 +181,14 @@ def haystack(name: str) -> Haystack:
 
 
 @functools.lru_cache(maxsize=None)
+def prose_words() -> tuple[str, ...]:
+    """The prose's words, lower-cased, punctuation stripped, in text order."""
+    return tuple(w.strip(".,;:!?'\"()-_").lower() for w in haystack("prose").words)
+
+
+@functools.lru_cache(maxsize=None)
 def value_words() -> tuple[str, ...]:
-    prose = {w.strip(".,;:!?'\"()-_").lower() for w in haystack("prose").words}
+    prose = set(prose_words())
     return tuple(w for w in VALUE_WORDS if w not in prose)
 
 
@@ -191,7 +197,7 @@ def phrase_words() -> tuple[str, ...]:
     """The prose's 400 most frequent lower-case words of 3+ letters (ties alphabetical). Phrase
     values are random orders of them: common words, one token each in most tokenizers, so a
     copied phrase is a run of single-token copies whose order only the context can tell."""
-    counts = collections.Counter(w.strip(".,;:!?'\"()-_").lower() for w in haystack("prose").words)
+    counts = collections.Counter(prose_words())
     ranked = sorted((w for w in counts if w.isalpha() and len(w) >= 3),
                     key=lambda w: (-counts[w], w))
     return tuple(ranked[:400])
