@@ -150,7 +150,7 @@ MODEL_INFO["smollm2-135m"] = {
 # here by the engineer who trains them (weights as package data under model_adapters/).
 # ---------------------------------------------------------------------------------------------
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
-TINY_TRAINED_LENGTH = 1088  # configs/train_tiny.yaml seq_len: never evaluated beyond it
+TINY_TRAINED_LENGTH = 1152  # configs/train_tiny.yaml seq_len: never evaluated beyond it
 
 
 def _tiny_folder(name: str) -> Path:
@@ -196,7 +196,8 @@ def _describe_softmax_tiny(n_tokens: int = 8192, **options: Any) -> dict:
 
 MODEL_INFO["recall-gla-tiny"] = {
     "kind": "gla", "describe": _describe_gla_tiny,
-    "description": "tiny GLA trained here on task-plugin text (1024 tokens); twin of recall-softmax-tiny"}
+    "description": f"tiny GLA trained here on task-plugin text ({TINY_TRAINED_LENGTH} tokens); "
+                   "twin of recall-softmax-tiny"}
 MODEL_INFO["recall-softmax-tiny"] = {
     "kind": "softmax", "describe": _describe_softmax_tiny,
     "description": "tiny Llama trained here on the same data/steps/optimizer as recall-gla-tiny"}

@@ -23,8 +23,10 @@ def test_training_seeds_never_overlap_evaluation_seeds(tiny_tokenizer):
 
 def test_train_tiny_writes_loadable_pair_with_cards(tmp_path):
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text("tasks: [needle, multikey]\nloads: {multikey: [4]}\nseq_len: 448\n"
-                   "lengths: [448]\nanswer_room: 64\npool: 4\nsteps: 2\nbatch_tokens: 768\n"
+    cfg.write_text("stages:\n"
+                   "  - {tasks: [needle], lengths: [96], steps: 1, pool: 2}\n"
+                   "  - {tasks: [needle, multikey], lengths: [384], steps: 2, pool: 4}\n"
+                   "loads: {multikey: [4]}\nseq_len: 448\nbatch_tokens: 768\n"
                    "warmup: 1\nhidden_size: 32\nnum_layers: 1\nnum_heads: 2\n"
                    "intermediate_size: 96\nthreads: 1\n")
     assert main(["train-tiny", "--config", str(cfg), "--out", str(tmp_path / "out")]) == 0
@@ -40,14 +42,29 @@ def test_train_tiny_writes_loadable_pair_with_cards(tmp_path):
         folder = tmp_path / "out" / name
         card = (folder / "README.md").read_text()
         assert "2^31" in card and "parameters" in card and "loss.png" in card
+        assert "| 2 | `needle`, `multikey` | 384 | 2 | 4 | 2^31+2 .. 2^31+5 |" in card
         assert (folder / "loss.png").stat().st_size > 1000
         log = json.loads((folder / "train_log.json").read_text())
-        assert len(log["history"]) == 2 and log["config"]["steps"] == 2
+        assert len(log["history"]) == 3 and len(log["config"]["stages"]) == 2
+
+
+def test_stages_draw_disjoint_seeds_and_reject_sequences_beyond_seq_len(tiny_tokenizer):
+    from evalkit.training.train import TrainConfig, stage_pools
+
+    stage = {"tasks": ["needle"], "lengths": [128], "steps": 1, "pool": 3}
+    cfg = TrainConfig(stages=[stage, {**stage, "lengths": [200]}], seq_len=256)
+    (a, pa), (b, pb) = stage_pools(cfg, discover(), tiny_tokenizer)
+    assert (a, b) == (TRAIN_SEED_BASE, TRAIN_SEED_BASE + 3)
+    assert {s.length for s in pa} == {128} and {s.length for s in pb} == {200}
+    assert not {s.ids for s in pa} & {s.ids for s in pb}
+    with pytest.raises(ValueError, match=r"stages\[1\].*more than seq_len=150"):
+        stage_pools(TrainConfig(stages=[stage, {**stage, "lengths": [150]}], seq_len=150),
+                    discover(), tiny_tokenizer)
 
 
 def test_bad_training_config_names_the_key(tmp_path, capsys):
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text("tasks: [needle]\nsteps: many\ncolour: red\n")
+    cfg.write_text("stages: [{tasks: [needle], lengths: [64], steps: many}]\ncolour: red\n")
     assert main(["train-tiny", "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "'steps'" in err and "'colour'" in err and str(cfg) in err
+    assert "'stages.0.steps'" in err and "'colour'" in err and str(cfg) in err

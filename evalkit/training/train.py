@@ -1,6 +1,6 @@
 """Train the matched tiny pair: our GLA and a transformers Llama on the same data, same steps.
 
-Both models share the tiny tokenizer, the width, depth and head count; their parameter counts
+Both models share the tiny tokenizer, the width and depth; their parameter counts
 must lie within 5 % of each other (checked before training). Each step feeds both models the
 identical batch, with the identical optimizer and schedule, so the only difference is the
 mixer: a fixed recurrent state against a growing KV cache.
@@ -19,16 +19,23 @@ from pydantic import BaseModel, ConfigDict, Field
 from evalkit.training.data import TRAIN_SEED_BASE, batch, make_pool
 
 
-class TrainConfig(BaseModel):
+class Stage(BaseModel):
+    """One curriculum stage: its tasks, probe lengths, steps and number of distinct sequences."""
     model_config = ConfigDict(extra="forbid", frozen=True)
     tasks: tuple[str, ...]
+    lengths: tuple[int, ...]              # probe lengths; the gold answers follow them
+    steps: int = Field(ge=1)
+    pool: int = Field(default=1000, ge=1)  # distinct training sequences (cycled)
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Short contexts first: a tiny model learns to find and copy a value in a 100-token text
+    # long before it can in 1,000 tokens, and what it learns there carries over.
+    stages: tuple[Stage, ...] = Field(min_length=1)
     include: tuple[str, ...] = ()         # extra task folders (training-only variants)
     loads: dict[str, tuple[int, ...]] = Field(default_factory=dict)  # per task; default (1,)
-    seq_len: int = 1024                   # trained length: the pair is evaluated up to here
-    lengths: tuple[int, ...] = (256, 512, 1024)  # probe lengths drawn for training sequences
-    answer_room: int = 64                 # tokens left after the probe for gold answers
-    pool: int = 1200                      # distinct training sequences (cycled)
-    steps: int = 600
+    seq_len: int = 1024                   # trained length: no sequence is longer; eval up to here
     batch_tokens: int = 8192              # tokens per step: batch_tokens // probe length rows
     lr: float = 3e-3
     warmup: int = 50
@@ -38,9 +45,21 @@ class TrainConfig(BaseModel):
     seed: int = 0
     hidden_size: int = 128
     num_layers: int = 4
-    num_heads: int = 4
+    num_heads: int = 4                    # softmax heads
+    # GLA heads: its recall lives in per-head d_k x d_v states, so fewer, larger heads (Laplace
+    # 3B: 2 of d_k 192) recall where four 16 x 32 states measured at chance; parameters are
+    # the same for any head count.
+    gla_heads: int = 1
     intermediate_size: int = 352
     threads: int = 2
+
+    @property
+    def steps(self) -> int:
+        return sum(s.steps for s in self.stages)
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(t for s in self.stages for t in s.tasks))
 
 
 def build_pair(cfg: TrainConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int):
@@ -50,7 +69,7 @@ def build_pair(cfg: TrainConfig, vocab_size: int, pad_id: int, bos_id: int, eos_
     from evalkit.model_adapters.gla.config import GLAConfig
 
     gla_cfg = GLAConfig(vocab_size=vocab_size, hidden_size=cfg.hidden_size,
-                        num_hidden_layers=cfg.num_layers, num_heads=cfg.num_heads,
+                        num_hidden_layers=cfg.num_layers, num_heads=cfg.gla_heads,
                         expand_k=0.5, expand_v=1.0, intermediate_size=cfg.intermediate_size,
                         use_short_conv=True, conv_size=4, max_position_embeddings=cfg.seq_len,
                         bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
@@ -99,19 +118,15 @@ def _train_pair(cfg: TrainConfig, tokenizer: Any, log) -> dict:
     from evalkit.taskspec import discover
 
     reg = discover(cfg.include)
-    specs = [reg.get(t) for t in cfg.tasks]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     gla, gla_cfg, llama = build_pair(cfg, len(tokenizer), pad, tokenizer.bos_token_id,
                                      tokenizer.eos_token_id)
     t0 = time.time()
-    lengths = [n - cfg.answer_room for n in cfg.lengths]
-    pool = make_pool(specs, tokenizer, lengths=lengths, loads=cfg.loads, n=cfg.pool)
-    longest = max(len(s.ids) for s in pool)
-    if longest > cfg.seq_len + 1:
-        raise ValueError(f"a training sequence has {longest} tokens, more than seq_len="
-                         f"{cfg.seq_len}: raise answer_room or lower lengths")
-    log(f"data: {len(pool)} sequences from {', '.join(cfg.tasks)} in {time.time() - t0:.0f}s; "
-        f"seeds {TRAIN_SEED_BASE}..{TRAIN_SEED_BASE + cfg.pool - 1}")
+    pools = stage_pools(cfg, reg, tokenizer)
+    for i, (st, (first, pool)) in enumerate(zip(cfg.stages, pools)):
+        log(f"stage {i + 1}: {len(pool)} sequences from {', '.join(st.tasks)} at probe lengths "
+            f"{list(st.lengths)}, seeds {first}..{first + len(pool) - 1}")
+    log(f"data in {time.time() - t0:.0f}s")
     models = {"gla": gla, "softmax": llama}
     opts = {k: torch.optim.AdamW(m.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                                  weight_decay=cfg.weight_decay) for k, m in models.items()}
@@ -121,12 +136,14 @@ def _train_pair(cfg: TrainConfig, tokenizer: Any, log) -> dict:
     rng = random.Random(cfg.seed)
     # Batches hold sequences of one probe length, padded only to their own longest row, so a
     # step costs about batch_tokens whatever the length.
-    by_len: dict[int, list] = {}
-    for s in pool:
-        by_len.setdefault(s.length, []).append(s)
-    buckets = sorted(by_len)
-    for step in range(cfg.steps):
-        L = buckets[step % len(buckets)]
+    schedule = []
+    for st, (_, pool) in zip(cfg.stages, pools):
+        by_len: dict[int, list] = {}
+        for s in pool:
+            by_len.setdefault(s.length, []).append(s)
+        buckets = sorted(by_len)
+        schedule += [(by_len, buckets[i % len(buckets)]) for i in range(st.steps)]
+    for step, (by_len, L) in enumerate(schedule):
         seqs = rng.sample(by_len[L], min(len(by_len[L]), max(1, cfg.batch_tokens // L)))
         x, y, w = batch(seqs, max(len(s.ids) - 1 for s in seqs), pad, cfg.answer_weight,
                         cfg.context_weight)
@@ -154,6 +171,22 @@ def _train_pair(cfg: TrainConfig, tokenizer: Any, log) -> dict:
     return {"gla": (gla, gla_cfg), "softmax": llama, "history": history,
             "answer_history": answer_history, "seconds": seconds,
             "params": {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}}
+
+
+def stage_pools(cfg: TrainConfig, reg, tokenizer: Any) -> list[tuple[int, list]]:
+    """Each stage's sequences with its first seed; the stages' seed ranges never overlap."""
+    pools, offset = [], 0
+    for i, st in enumerate(cfg.stages):
+        pool = make_pool([reg.get(t) for t in st.tasks], tokenizer, lengths=st.lengths,
+                         loads=cfg.loads, n=st.pool, seed_offset=offset)
+        longest = max(len(s.ids) for s in pool)
+        if longest > cfg.seq_len + 1:
+            raise ValueError(f"training config: stages[{i}]: a sequence (probe and answers) has "
+                             f"{longest} tokens, more than seq_len={cfg.seq_len}: lower its "
+                             f"lengths or raise seq_len")
+        pools.append((TRAIN_SEED_BASE + offset, pool))
+        offset += st.pool
+    return pools
 
 
 def final_loss(history: list[float], window: int = 25) -> float:
