@@ -57,10 +57,6 @@ class TrainConfig(BaseModel):
     def steps(self) -> int:
         return sum(s.steps for s in self.stages)
 
-    @property
-    def tasks(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(t for s in self.stages for t in s.tasks))
-
 
 def build_pair(cfg: TrainConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int):
     from transformers import LlamaConfig, LlamaForCausalLM
