@@ -243,7 +243,7 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike,
 
 # -- rendering ----------------------------------------------------------------------------
 
-def fmtfmt_num(v: float | None, fmt: str = ".3f", signed: bool = False) -> str:
+def fmt_num(v: float | None, fmt: str = ".3f", signed: bool = False) -> str:
     return "-" if v is None else format(v, ("+" if signed else "") + fmt)
 
 

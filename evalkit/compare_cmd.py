@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from evalkit.compare import _num, compare_runs, summary_rows, write_report
+    from evalkit.compare import compare_runs, fmt_num, summary_rows, write_report
 
     report = compare_runs(args.run_a, args.run_b, args.metric, args.bootstrap, args.seed)
     paths = write_report(report, args.out)
