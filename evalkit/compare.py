@@ -100,7 +100,8 @@ def _describe(keys: list[Key], samples: dict[Key, dict]) -> str:
     shown = ", ".join(f"{samples[k]['task']} {samples[k]['probe_id']} q{k[2]}"
                       for k in sorted(keys)[:5])
     more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
-    return f"{len(keys)} samples ({len(probes)} probes): {shown}{more}"
+    plural = lambda n, word: f"{n} {word}" + ("" if n == 1 else "s")  # noqa: E731
+    return f"{plural(len(keys), 'sample')} ({plural(len(probes), 'probe')}): {shown}{more}"
 
 
 def check_same_samples(a: Side, b: Side) -> None:
