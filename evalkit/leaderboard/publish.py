@@ -58,7 +58,7 @@ def publish(run_dirs: Sequence[str | os.PathLike], to: str | os.PathLike,
             options: Options | None = None,
             compare: Sequence[str | os.PathLike] = ()) -> Published:
     """`compare`: folders written by `evalkit compare`, shown as a drift section and table."""
-    from evalkit.compare import read_report
+    from evalkit.compare import read_report  # not at the top: it reads runs through our load.py
 
     target = Path(os.path.abspath(to))  # normalized: "leaderboard/", "./x/../leaderboard"
     if target == Path(os.path.abspath(os.curdir)) or target.parent == target:
