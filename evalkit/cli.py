@@ -14,6 +14,7 @@ COMMANDS = {
     "state": "evalkit.state_cmd",
     "run": "evalkit.run_cmd",
     "publish": "evalkit.publish_cmd",
+    "compare": "evalkit.compare_cmd",
     "train-tiny": "evalkit.train_cmd",
     "lm-eval-export": "evalkit.lm_eval_tasks",
 }
