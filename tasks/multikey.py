@@ -130,9 +130,7 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
             return f"What is the {attr} for {name(i)}?", f"The {attr} for {name(i)} is"
         return f"What are the {plural} for {name(i)}?", f"The {plural} for {name(i)} are"
 
-    # Key 0 sits at the requested depth, after round(depth * (load - 1)) of the other facts.
-    n_before = round(depth * (load - 1))
-    order = others[:n_before] + [0] + others[n_before:]
+    order = kit.depth_order(depth, 0, others)  # key 0 is asked last, at `depth`
     items = [kit.Item(fact(i)) for i in order]
 
     def fresh(n: int) -> list[str]:

@@ -70,9 +70,7 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
     fresh_rng = random.Random(rng.getrandbits(64))
 
     noun = KIND_NOUN[params.value_kind]
-    # Needle 0 is the one at the requested depth; it goes in at position round(depth * others).
-    n_before = round(depth * (load - 1))
-    order = list(range(1, n_before + 1)) + [0] + list(range(n_before + 1, load))
+    order = kit.depth_order(depth, 0, range(1, load))  # needle 0 is asked last, at `depth`
     items = [kit.Item(f"The special magic {noun} for {keys[i]} is {values[i]}.") for i in order]
 
     def fresh(n: int) -> list[str]:

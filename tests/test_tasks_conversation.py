@@ -132,7 +132,7 @@ def test_pure_function_of_params_seed_and_tokenizer(tiny_tokenizer):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(length=20, load=1, kinds=("recall",), updates=0),
-     r"length=20 is too short: the fact turn and question alone take \d+ tokens"),
+     r"length=20 is too short: the fact and question alone take \d+ tokens"),
     (dict(length=256, load=40, updates=0), r"load=40 facts need at least \d+ tokens .* length=256"),
     (dict(depth=1.01, load=3), r"depth=1\.01 outside \[0, 1\]"),
     (dict(load=2, lookalike=2), r"load=2 is too small: kind 'lookalike' with params\.lookalike=2"),

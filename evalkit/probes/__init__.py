@@ -4,7 +4,7 @@ A generator draws its facts, values and haystack start from `random.Random(seed)
 them to `assemble()`, which lays the facts out at the requested depth, fits the haystack
 gaps to the exact length, renders the probe for real and measures every field from the token
 ids. Modules: words (word lists), haystack (texts and word streams), values (value and key
-makers), fit (token measuring and gap fitting), layout (where items go), assemble.
+makers), fit (token measuring and gap fitting), layout (where items go), build (assemble).
 
 Every built-in generator is a pure function of (params, seed, tokenizer, length, depth, load).
 All random choices are drawn up front from `random.Random(seed)`, never from the global RNG
@@ -44,12 +44,12 @@ the count is exact.
 - When facts fill most of the context (high loads), the asked fact can only sit where there
   is room for it. Question.depth always records where it actually is.
 """
-from evalkit.probes.assemble import Ask, assemble, check_grid_point, probe_id, tolerance
-from evalkit.probes.haystack import Haystack, WordStream, haystack, start_stream
-from evalkit.probes.layout import Item, Layout
+from evalkit.probes.build import Ask, assemble, check_grid_point, probe_id, tolerance
+from evalkit.probes.haystack import Haystack, WordStream, builtin_haystack, start_stream
+from evalkit.probes.layout import Item, Layout, depth_order
 from evalkit.probes.values import (candidates, lookalike_numbers, lookalike_word, make_values,
                                    pseudo_word)
 
-__all__ = ["Ask", "Haystack", "Item", "Layout", "WordStream", "assemble", "candidates",
-           "check_grid_point", "haystack", "lookalike_numbers", "lookalike_word", "make_values",
-           "probe_id", "pseudo_word", "start_stream", "tolerance"]
+__all__ = ["Ask", "Haystack", "Item", "Layout", "WordStream", "assemble", "builtin_haystack",
+           "candidates", "check_grid_point", "depth_order", "lookalike_numbers", "lookalike_word",
+           "make_values", "probe_id", "pseudo_word", "start_stream", "tolerance"]

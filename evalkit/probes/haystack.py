@@ -31,7 +31,7 @@ class Haystack:
 
 
 @functools.lru_cache(maxsize=None)
-def haystack(name: str) -> Haystack:
+def builtin_haystack(name: str) -> Haystack:
     """`prose`: Alice's Adventures in Wonderland (public domain; see data/LICENSE.md), with its
     whitespace collapsed to single spaces and the "* * *" scene breaks removed.
     `filler`: the repeated-filler sentences."""
@@ -47,7 +47,7 @@ def haystack(name: str) -> Haystack:
 @functools.lru_cache(maxsize=None)
 def prose_words() -> tuple[str, ...]:
     """The prose's words, lower-cased, punctuation stripped, in text order."""
-    return tuple(w.strip(".,;:!?'\"()-_").lower() for w in haystack("prose").words)
+    return tuple(w.strip(".,;:!?'\"()-_").lower() for w in builtin_haystack("prose").words)
 
 
 class WordStream:
@@ -76,5 +76,5 @@ class WordStream:
 def start_stream(rng: random.Random, hay: str | Haystack) -> WordStream:
     """A stream from a seeded sentence start of `hay` (a built-in name or a Haystack)."""
     if isinstance(hay, str):
-        hay = haystack(hay)
+        hay = builtin_haystack(hay)
     return WordStream(hay, rng.choice(hay.sentence_starts))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from evalkit.probe import Segment
 from evalkit.probes.fit import Meter, fit_words
@@ -41,6 +41,13 @@ class Layout:
             acc += self.meter.seg_tokens(self.context[:j], seg)
             ends.append(acc)
         return ends
+
+
+def depth_order(depth: float, asked: Any, others: Sequence[Any]) -> list[Any]:
+    """`asked` among `others` at the share `depth` of them, so that the asked fact can sit at
+    the requested depth: others[:k] + [asked] + others[k:], k = round(depth * len(others))."""
+    k = round(depth * len(others))
+    return [*others[:k], asked, *others[k:]]
 
 
 def _join(meter: Meter, ctx: Sequence[Segment], content: str, role: str | None) -> Segment:
