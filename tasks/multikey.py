@@ -61,7 +61,8 @@ class Params(BaseModel):
     n_candidates: int = Field(default=5, ge=1)
 
 
-def _keys(rng: random.Random, params: Params, load: int, n_asked: int) -> tuple[list[str], list[int]]:
+def _keys(rng: random.Random, params: Params, load: int,
+          n_asked: int) -> tuple[list[str], list[int]]:
     """load distinct keys. Keys 0..n_asked-1 are asked. Each asked key gets `lookalike`
     look-alike keys right after it. Returns (keys, family), where family[i] is the index of
     the asked key that key i looks like, or -1."""

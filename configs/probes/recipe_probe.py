@@ -39,8 +39,9 @@ def generate(params: Params, *, task, version, tokenizer, length, depth, load, s
     values = rng.sample(params.ingredients, load)
     order = kit.depth_order(depth, 0, range(1, load))  # dish 0 is asked, at `depth`
     facts = [kit.Item(f"The secret ingredient of the {dishes[i]} is {values[i]}.") for i in order]
-    question = kit.Ask(item=order.index(0), text=f"What is the secret ingredient of the {dishes[0]}?",
-                       prefix=f"The secret ingredient of the {dishes[0]} is", gold=(values[0],),
+    dish = dishes[0]
+    question = kit.Ask(item=order.index(0), text=f"What is the secret ingredient of the {dish}?",
+                       prefix=f"The secret ingredient of the {dish} is", gold=(values[0],),
                        candidates=kit.candidates(values[0], [*values[1:], *params.ingredients],
                                                  params.n_candidates, lambda n: []))
     return kit.assemble(task=task, version=version, tokenizer=tokenizer, length=length,

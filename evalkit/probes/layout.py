@@ -28,6 +28,8 @@ class Item:
 
 @dataclass
 class Layout:
+    """The laid-out context: its segments, where each item landed, and the haystack read."""
+
     context: list[Segment]
     item_seg: list[int]  # index of each item's first (fact) segment in context
     item_nseg: list[int]  # segments per item (chat: the statement and its acknowledgement)
