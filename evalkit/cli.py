@@ -15,7 +15,7 @@ COMMANDS = {
     "run": "evalkit.run_cmd",
     "publish": "evalkit.publish_cmd",
     "train-tiny": "evalkit.train_cmd",
-    "lm-eval-export": "evalkit.lm_eval_tasks",
+    "lm-eval-export": "evalkit.lm_eval.export_cmd",
 }
 
 

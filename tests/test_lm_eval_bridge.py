@@ -11,7 +11,7 @@ import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
 
-from evalkit.model_adapters.lm_eval_bridge import EvalkitLM, prefix_groups
+from evalkit.lm_eval.bridge import EvalkitLM, prefix_groups
 from helpers import TINY_TOKENIZER
 
 MAX_LEN = 64  # the tiny Llama's max_position_embeddings: small, so rolling needs windows
