@@ -16,7 +16,7 @@ COMMANDS = {
     "publish": "evalkit.publish_cmd",
     "compare": "evalkit.compare_cmd",
     "train-tiny": "evalkit.train_cmd",
-    "lm-eval-export": "evalkit.lm_eval_tasks",
+    "lm-eval-export": "evalkit.lm_eval.export_cmd",
 }
 
 

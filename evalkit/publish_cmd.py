@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP
 from evalkit.leaderboard.derived import DEFAULT_THRESHOLD
+from evalkit.scoring import recall_preference
 
 
 def add_parser(sub) -> None:
@@ -15,8 +16,8 @@ def add_parser(sub) -> None:
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                    help=f"recall bar for the effective length (default {DEFAULT_THRESHOLD})")
     p.add_argument("--primary-metric", help="recall metric for every task that has it "
-                                            "(default: string_match_all, else exact_match, "
-                                            "contains, forced_choice)")
+                                            "(default: the first a task has of "
+                                            f"{', '.join(recall_preference())})")
     p.add_argument("--gap", action="append", default=[], metavar="BASELINE:MODEL",
                    help="a recall-gap pair (repeatable; default: kv/kv-window baselines vs. "
                         "recurrent models, plus oracle vs. forgetful)")

@@ -1,47 +1,107 @@
-"""Scoring metrics. Each takes the model's prediction and the gold answers, returns [0, 1].
+"""Scoring metrics and their registry. Every metric returns a score in [0, 1].
 
-Generation metrics (prediction = the greedy continuation after the answer prefix). `gold`
-lists every value the answer must hold; several values (multi-value and multi-key questions)
-are expected comma-separated in gold order:
+A metric is declared once, with `@metric(name, kind=..., higher_is_better=..., recall_rank=...)`
+on its function, whose docstring carries at least one worked example (a doctest, run by the
+tests). Everything else reads `METRICS`: the runner scores each answered question with every
+registered metric of the matching kind (`score_sample`), results.json and the leaderboard
+aggregate them, the leaderboard picks each task's default recall metric by `recall_rank`, and
+`evalkit lm-eval-export` lists them in the exported lm-eval tasks. A metric name that is not
+registered is an error wherever it turns up (`get`, `check_names`).
 
->>> exact_match(" 4821", ["4821"])
-1.0
->>> exact_match(" 17, 4821", ["17", "4821"])
-1.0
->>> contains("4821 is the number", ["4821"])
-1.0
->>> normalized_match("  Blue-Sky!", ["blue sky"])    # case, whitespace, punctuation ignored
-1.0
-
-RULER's two multi-reference metrics (case-insensitive substring tests):
-
->>> string_match_all("7, 12 and 40", ["7", "12", "99"])   # share of references found
-0.6666666666666666
->>> string_match_part("7, 12 and 40", ["7", "12", "99"])  # 1 if any reference is found
-1.0
-
-Partial credit for multi-token values: the share of each gold value's characters matched as
-a prefix by some word of the prediction, averaged over gold values (a digit is one token in
-the tiny tokenizer, so this is per token there):
-
->>> partial_credit("4829", ["4821"])
-0.75
->>> partial_credit("4821, 77", ["4821", "7712"])
-0.75
-
-Forced choice (from log-probabilities of the candidates, gold first): 1 if gold is the
-strict argmax. Ties count as wrong, so a model that scores everything equal gets 0.
-
->>> forced_choice([-1.2, -3.0, -2.5])
-1.0
->>> forced_choice([-2.0, -2.0])
-0.0
+Kinds (what the metric reads):
+- generation: fn(prediction, gold) -> float. `prediction` is the greedy continuation after the
+  answer prefix; `gold` lists every value the answer must hold, several values (multi-value
+  and multi-key questions) expected comma-separated in gold order.
+- forced_choice: fn(logprobs) -> float, the candidates' log-probabilities with gold first
+  (a question needs gold and at least one distractor).
 """
 from __future__ import annotations
 
 import re
 import string
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+GENERATION = "generation"
+FORCED_CHOICE = "forced_choice"
+KINDS = (GENERATION, FORCED_CHOICE)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: str
+    higher_is_better: bool
+    fn: Callable[..., float]
+    # Position in the leaderboard's default choice of a task's recall metric (lowest first);
+    # None: recall only when asked for (`publish --primary-metric`).
+    recall_rank: int | None = None
+
+    @property
+    def summary(self) -> str:
+        """The first line of the function's docstring."""
+        return (self.fn.__doc__ or "").strip().splitlines()[0]
+
+
+METRICS: dict[str, Metric] = {}
+
+
+def metric(name: str, *, kind: str, higher_is_better: bool = True,
+           recall_rank: int | None = None) -> Callable:
+    """Register the decorated function as metric `name` (see the module doc)."""
+    def register(fn: Callable[..., float]) -> Callable[..., float]:
+        if name in METRICS:
+            raise ValueError(f"metric {name!r} is already registered "
+                             f"({METRICS[name].fn.__module__}.{METRICS[name].fn.__qualname__})")
+        if kind not in KINDS:
+            raise ValueError(f"metric {name!r}: kind {kind!r}, expected one of {KINDS}")
+        if ">>>" not in (fn.__doc__ or ""):
+            raise ValueError(f"metric {name!r}: {fn.__qualname__}'s docstring needs a worked "
+                             f"example (a doctest: `>>> call` then the expected score)")
+        if recall_rank is not None and not higher_is_better:
+            raise ValueError(f"metric {name!r}: a recall metric must be higher-is-better")
+        METRICS[name] = Metric(name, kind, higher_is_better, fn, recall_rank)
+        return fn
+    return register
+
+
+def get(name: str) -> Metric:
+    try:
+        return METRICS[name]
+    except KeyError:
+        raise ValueError(f"unknown metric {name!r} (registered: {', '.join(METRICS)})") from None
+
+
+def check_names(names: Iterable[str], where: str) -> None:
+    """Raise ValueError naming `where` if any of `names` is not a registered metric."""
+    unknown = sorted(set(names) - set(METRICS))
+    if unknown:
+        raise ValueError(f"{where}: unknown metric(s) {', '.join(map(repr, unknown))} "
+                         f"(registered: {', '.join(METRICS)})")
+
+
+def of_kind(kind: str) -> list[Metric]:
+    return [m for m in METRICS.values() if m.kind == kind]
+
+
+def recall_preference() -> list[str]:
+    """Metric names in the leaderboard's default order for a task's recall metric."""
+    ranked = [m for m in METRICS.values() if m.recall_rank is not None]
+    return [m.name for m in sorted(ranked, key=lambda m: m.recall_rank)]
+
+
+def score_sample(prediction: str | None, gold: Sequence[str],
+                 logprobs: Sequence[float] | None = None) -> dict[str, float]:
+    """Every registered metric that applies to one answered question."""
+    out: dict[str, float] = {}
+    if prediction is not None:
+        out.update((m.name, m.fn(prediction, gold)) for m in of_kind(GENERATION))
+    if logprobs is not None and len(logprobs) >= 2:
+        out.update((m.name, m.fn(logprobs)) for m in of_kind(FORCED_CHOICE))
+    return out
+
+
+# -- the metrics ----------------------------------------------------------------------------
 
 _PUNCT = re.compile(f"[{re.escape(string.punctuation)}]")
 
@@ -55,26 +115,57 @@ def _items(prediction: str, n: int) -> list[str]:
     return [prediction] if n == 1 else prediction.split(",")
 
 
+@metric("exact_match", kind=GENERATION, recall_rank=1)
 def exact_match(prediction: str, gold: Sequence[str]) -> float:
+    """1 if the answer is the gold values, in order, up to surrounding whitespace.
+
+    >>> exact_match(" 4821", ["4821"])
+    1.0
+    >>> exact_match(" 17, 4821", ["17", "4821"])
+    1.0
+    """
     return float([p.strip() for p in _items(prediction, len(gold))] == [g.strip() for g in gold])
 
 
+@metric("contains", kind=GENERATION, recall_rank=2)
 def contains(prediction: str, gold: Sequence[str]) -> float:
-    """1 if every gold value occurs in the prediction (case-sensitive)."""
+    """1 if every gold value occurs in the prediction (case-sensitive).
+
+    >>> contains("4821 is the number", ["4821"])
+    1.0
+    """
     return float(all(g in prediction for g in gold))
 
 
+@metric("normalized_match", kind=GENERATION)
 def normalized_match(prediction: str, gold: Sequence[str]) -> float:
+    """Exact match ignoring case, whitespace and punctuation.
+
+    >>> normalized_match("  Blue-Sky!", ["blue sky"])
+    1.0
+    """
     items = [normalize(p) for p in _items(prediction, len(gold))]
     return float(items == [normalize(g) for g in gold])
 
 
+@metric("string_match_all", kind=GENERATION, recall_rank=0)
 def string_match_all(prediction: str, gold: Sequence[str]) -> float:
+    """Share of gold values found in the answer, case-insensitive (RULER's metric).
+
+    >>> string_match_all("7, 12 and 40", ["7", "12", "99"])
+    0.6666666666666666
+    """
     p = prediction.lower()
     return sum(g.lower() in p for g in gold) / len(gold)
 
 
+@metric("string_match_part", kind=GENERATION)
 def string_match_part(prediction: str, gold: Sequence[str]) -> float:
+    """1 if any gold value is found in the answer, case-insensitive (RULER's metric).
+
+    >>> string_match_part("7, 12 and 40", ["7", "12", "99"])
+    1.0
+    """
     p = prediction.lower()
     return float(any(g.lower() in p for g in gold))
 
@@ -88,35 +179,33 @@ def _prefix_share(word: str, value: str) -> float:
     return n / len(value) if value else 0.0
 
 
+@metric("partial_credit", kind=GENERATION)
 def partial_credit(prediction: str, gold: Sequence[str]) -> float:
+    """Share of each gold value's characters matched as a prefix by some word of the answer.
+
+    Averaged over gold values; a digit is one token in the tiny tokenizer, so this is per
+    token there.
+
+    >>> partial_credit("4829", ["4821"])
+    0.75
+    >>> partial_credit("4821, 77", ["4821", "7712"])
+    0.75
+    """
     words = [w for w in re.split(r"[\s,;]+", prediction.strip()) if w] or [""]
     return sum(max(_prefix_share(w, g) for w in words) for g in gold) / len(gold)
 
 
+@metric("forced_choice", kind=FORCED_CHOICE, recall_rank=3)
 def forced_choice(logprobs: Sequence[float]) -> float:
-    """Candidates' log-probabilities with gold at index 0."""
+    """1 if gold's log-probability is strictly higher than every in-context distractor's.
+
+    Ties count as wrong, so a model that scores everything equal gets 0.
+
+    >>> forced_choice([-1.2, -3.0, -2.5])
+    1.0
+    >>> forced_choice([-2.0, -2.0])
+    0.0
+    """
     if len(logprobs) < 2:
         raise ValueError("forced choice needs gold and at least one distractor")
-    best = max(logprobs[1:])
-    return float(logprobs[0] > best)
-
-
-GENERATION_METRICS: dict[str, Callable[[str, Sequence[str]], float]] = {
-    "exact_match": exact_match,
-    "contains": contains,
-    "normalized_match": normalized_match,
-    "string_match_all": string_match_all,
-    "string_match_part": string_match_part,
-    "partial_credit": partial_credit,
-}
-
-
-def score_sample(prediction: str | None, gold: Sequence[str],
-                 logprobs: Sequence[float] | None = None) -> dict[str, float]:
-    """All metrics that apply to one answered question."""
-    out: dict[str, float] = {}
-    if prediction is not None:
-        out = {name: fn(prediction, gold) for name, fn in GENERATION_METRICS.items()}
-    if logprobs is not None and len(logprobs) >= 2:
-        out["forced_choice"] = forced_choice(logprobs)
-    return out
+    return float(logprobs[0] > max(logprobs[1:]))

@@ -11,7 +11,7 @@ import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
 
-from evalkit.model_adapters.lm_eval_bridge import EvalkitLM, prefix_groups
+from evalkit.lm_eval.bridge import EvalkitLM, prefix_groups
 from helpers import TINY_TOKENIZER
 
 MAX_LEN = 64  # the tiny Llama's max_position_embeddings: small, so rolling needs windows
@@ -162,3 +162,21 @@ def test_clear_errors_and_provenance(oracle):
     info = oracle.get_model_info()
     assert info["evalkit_model"] == "oracle" and info["evalkit_identity"]["name"] == "oracle"
     assert math.isfinite(oracle.loglikelihood([req("loglikelihood", "a", " b")])[0][0])
+
+
+def test_library_modules_import_no_command_module():
+    """The bridge is an lm-eval model over evalkit's adapters, export and run are libraries:
+    none of them may import a command module (evalkit.cli, *_cmd)."""
+    import ast
+
+    from helpers import REPO
+
+    for name in ("bridge", "export", "run", "hook"):
+        path = REPO / "evalkit" / "lm_eval" / f"{name}.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [
+                    node.module or ""]
+                bad = [m for m in mods if m == "evalkit.cli" or m.startswith("evalkit.cli.")
+                       or m.endswith("_cmd") or m.endswith("_cmds")]
+                assert not bad, f"{path.name}:{node.lineno} imports {bad}"

@@ -59,7 +59,7 @@ def converted():
 
 @pytest.fixture(scope="module")
 def through_evalkit(no_network, converted, tmp_path_factory):
-    from evalkit.lm_eval_run import run_lm_eval_tasks
+    from evalkit.lm_eval.run import run_lm_eval_tasks
 
     out = tmp_path_factory.mktemp("lm_eval_parity")
     res = run_lm_eval_tasks(["smollm2-135m"], ["niah_single_1"], output_dir=out, limit=N,

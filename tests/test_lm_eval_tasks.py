@@ -28,6 +28,55 @@ def exported(tmp_path_factory):
     return out
 
 
+def export_into(out, *lengths: int, seed: int = 0) -> int:
+    from evalkit.cli import main
+
+    return main(["lm-eval-export", "--tasks", "needle", "--tokenizer", str(TINY_TOKENIZER),
+                 "--lengths", ",".join(map(str, lengths)), "--depths", "0.5", "--loads", "1",
+                 "--samples", "1", "--seed", str(seed), "--out", str(out)])
+
+
+def tree(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("name", ["utils.py", "evalkit_export.json", "data/needle_256.jsonl",
+                                  "evalkit_needle_256.yaml"])
+def test_export_never_replaces_a_users_file(tmp_path, capsys, name):
+    """Issue 12: `lm-eval-export --out DIR` replaced the user's own DIR/utils.py and
+    DIR/evalkit_export.json. It refuses, naming the file, and writes nothing."""
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text('{"mine": true}\n')
+    (tmp_path / "NOTES.md").write_text("my notes\n")
+    before = tree(tmp_path)
+    assert export_into(tmp_path, 256) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / name) in err and "not written by evalkit" in err
+    assert tree(tmp_path) == before
+
+
+def test_export_again_replaces_only_its_own_files(tmp_path, capsys):
+    (tmp_path / "NOTES.md").write_text("my notes\n")
+    assert export_into(tmp_path, 256) == 0
+    first = json.loads((tmp_path / "evalkit_export.json").read_text())
+    assert set(first["files"]) == set(tree(tmp_path)) - {"NOTES.md", "evalkit_export.json"}
+    assert export_into(tmp_path, 512) == 0  # its own files: replaced, or removed when stale
+    assert set(tree(tmp_path)) == {"NOTES.md", "evalkit_export.json", "utils.py",
+                                   "data/needle_512.jsonl", "evalkit_needle_512.yaml",
+                                   "evalkit_needle_choice_512.yaml"}
+    assert (tmp_path / "NOTES.md").read_text() == "my notes\n"
+    # A file the export wrote and the user changed since is the user's now.
+    edited = tmp_path / "evalkit_needle_512.yaml"
+    edited.write_text(edited.read_text() + "# my change\n")
+    before = tree(tmp_path)
+    capsys.readouterr()
+    assert export_into(tmp_path, 256) == 2
+    err = capsys.readouterr().err
+    assert str(edited) in err and "changed since evalkit wrote it" in err
+    assert tree(tmp_path) == before
+
+
 def test_export_writes_an_include_path(exported):
     from lm_eval.tasks._yaml_loader import load_yaml
 
@@ -50,7 +99,7 @@ def test_lm_eval_runs_the_exported_tasks_on_the_oracle(exported):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    import evalkit.model_adapters.lm_eval_bridge  # noqa: F401  -- registers --model "evalkit"
+    import evalkit.lm_eval.bridge  # noqa: F401  -- registers --model "evalkit"
     from evalkit.models import load_model
 
     tm = TaskManager(include_path=str(exported), include_defaults=False)
@@ -78,7 +127,7 @@ def test_lm_eval_runs_the_exported_tasks_on_the_oracle(exported):
 def test_plain_lm_eval_command_knows_the_evalkit_model(exported, tmp_path):
     """`lm-eval run --model evalkit ...` through the installable .pth hook (here added as a
     site dir of a child interpreter, exactly as site-packages .pth files are processed)."""
-    from evalkit.lm_eval_cli import install_hook
+    from evalkit.lm_eval.cli import install_hook
 
     site_dir = tmp_path / "site"
     site_dir.mkdir()
@@ -86,7 +135,7 @@ def test_plain_lm_eval_command_knows_the_evalkit_model(exported, tmp_path):
     script = textwrap.dedent(f"""
         import site, sys
         site.addsitedir({str(site_dir)!r})
-        assert "evalkit.model_adapters.lm_eval_bridge" not in sys.modules  # lazy until asked
+        assert "evalkit.lm_eval.bridge" not in sys.modules  # lazy until asked
         from lm_eval.__main__ import cli_evaluate   # what the `lm-eval` console script runs
         sys.argv = ["lm-eval", "run", "--model", "evalkit", "--model_args", "name=oracle",
                     "--include_path", {str(exported)!r}, "--tasks", "evalkit_needle_256",
@@ -106,7 +155,7 @@ def test_plain_lm_eval_command_knows_the_evalkit_model(exported, tmp_path):
 
 def test_run_lm_eval_tasks_writes_results_and_samples(exported, tmp_path):
     """What `evalkit run --lm-eval-tasks` calls: options per model, as the runner passes them."""
-    from evalkit.lm_eval_run import run_lm_eval_tasks
+    from evalkit.lm_eval.run import run_lm_eval_tasks
 
     out = tmp_path / "lm_eval"
     res = run_lm_eval_tasks(["oracle"], ["evalkit_needle_choice_256"], output_dir=out,
@@ -120,3 +169,28 @@ def test_run_lm_eval_tasks_writes_results_and_samples(exported, tmp_path):
     with pytest.raises(ValueError, match="unknown lm-eval task"):
         run_lm_eval_tasks(["oracle"], ["no_such_task"], output_dir=out, include_path=exported,
                           include_defaults=False)
+
+
+def test_export_stopped_midway_still_owns_what_it_wrote(tmp_path, monkeypatch):
+    """An export that stops between files (here: the disk fills on the third) leaves a folder
+    the next export may still replace: the manifest is written first and names every file."""
+    from evalkit import atomic
+
+    assert export_into(tmp_path, 256) == 0
+    real, calls = atomic.write_text, []
+
+    def disk_full_on_third(path, text):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        real(path, text)
+
+    monkeypatch.setattr(atomic, "write_text", disk_full_on_third)
+    with pytest.raises(OSError):  # another seed: other data in the files it did replace
+        export_into(tmp_path, 256, 512, seed=1)
+    assert len(calls) == 3
+    monkeypatch.setattr(atomic, "write_text", real)
+    assert export_into(tmp_path, 512) == 0
+    assert set(json.loads((tmp_path / "evalkit_export.json").read_text())["files"]) == {
+        "utils.py", "data/needle_512.jsonl", "evalkit_needle_512.yaml",
+        "evalkit_needle_choice_512.yaml"}

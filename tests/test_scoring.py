@@ -1,16 +1,75 @@
-"""Scoring metrics: the documented worked examples run as doctests, plus edge cases."""
+"""Scoring metrics and their registry: every metric's worked example runs as a doctest, plus
+edge cases, and each metric is declared once."""
+import ast
 import doctest
+from pathlib import Path
 
 import pytest
 
 import evalkit.scoring as scoring
 from evalkit.scoring import (contains, exact_match, forced_choice, normalized_match,
                              partial_credit, score_sample, string_match_all, string_match_part)
+from helpers import REPO, run_worked_example
 
 
 def test_docstring_examples_hold():
     result = doctest.testmod(scoring)
     assert result.attempted >= 10 and result.failed == 0
+
+
+@pytest.mark.parametrize("name", list(scoring.METRICS))
+def test_every_metric_has_a_worked_example_that_holds(name):
+    m = scoring.METRICS[name]
+    attempted, failed = run_worked_example(m)
+    assert attempted >= 1 and failed == 0
+    assert m.kind in scoring.KINDS and m.summary and not m.summary.startswith(">>>")
+
+
+def test_registry_order_kinds_and_recall_preference():
+    assert list(scoring.METRICS) == ["exact_match", "contains", "normalized_match",
+                                     "string_match_all", "string_match_part", "partial_credit",
+                                     "forced_choice"]
+    assert [m.name for m in scoring.of_kind(scoring.FORCED_CHOICE)] == ["forced_choice"]
+    assert scoring.recall_preference() == ["string_match_all", "exact_match", "contains",
+                                           "forced_choice"]
+    assert all(m.higher_is_better for m in scoring.METRICS.values())
+
+
+def test_bad_registrations_and_unknown_names_are_errors():
+    def fn(prediction, gold):
+        """No example here."""
+        return 1.0
+
+    with pytest.raises(ValueError, match="'exact_match' is already registered"):
+        scoring.metric("exact_match", kind=scoring.GENERATION)(exact_match)
+    with pytest.raises(ValueError, match="kind 'ranking'"):
+        scoring.metric("new_one", kind="ranking")(exact_match)
+    with pytest.raises(ValueError, match="needs a worked example"):
+        scoring.metric("new_one", kind=scoring.GENERATION)(fn)
+    with pytest.raises(ValueError, match="recall metric must be higher-is-better"):
+        scoring.metric("new_one", kind=scoring.GENERATION, higher_is_better=False,
+                       recall_rank=9)(exact_match)
+    assert "new_one" not in scoring.METRICS
+    with pytest.raises(ValueError, match="unknown metric 'exact'.*registered: exact_match"):
+        scoring.get("exact")
+    with pytest.raises(ValueError, match="results.json: unknown metric.*'bleu'"):
+        scoring.check_names(["exact_match", "bleu"], "results.json")
+
+
+def test_every_metric_is_declared_once():
+    """A metric name is written as a string only in evalkit/scoring.py: every other module
+    reads the registry (a dict key describing how forced choice is computed aside)."""
+    copies = []
+    for root in ("evalkit", "model_adapters", "tasks"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            if path == REPO / "evalkit" / "scoring.py":
+                continue
+            tree = ast.parse(path.read_text())
+            keys = {id(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys}
+            copies += [f"{path.relative_to(REPO)}:{n.lineno}: {n.value!r}"
+                       for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                       and n.value in scoring.METRICS and id(n) not in keys]
+    assert not copies, copies
 
 
 def test_multi_value_answers_must_come_in_order():

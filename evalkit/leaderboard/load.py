@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from evalkit import scoring
 from evalkit.result import SampleResult
 
 RUN_FILES = ("results.json", "samples.jsonl", "DONE")
@@ -149,6 +150,7 @@ def load_run(path: str | Path) -> Run:
 
 def _frame(rows: list[dict], spath: Path, tasks: dict[str, dict]) -> pd.DataFrame:
     metrics = sorted({m for r in rows for m in (r.get("scores") or {})})
+    scoring.check_names(metrics, f"{spath}: scores")
     flat = []
     for r in rows:
         t = r["task"]

@@ -6,6 +6,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from evalkit import scoring
 from evalkit.leaderboard import derived
 from evalkit.leaderboard.board import Board
 from evalkit.leaderboard.plots import fmt_len
@@ -98,10 +99,11 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
         w(f"Primary metric: `{metric}`.\n")
         rows = [[r[0], board.kinds.get(r[0], "")] + r[1:] for r in _pivot(g, lengths, fmt_recall)]
         w(table(["model", "state"] + _len_header(lengths), rows) + "\n")
-        if "forced_choice" in g and g["forced_choice"].notna().any():
-            w("Forced choice (gold's log-probability beats every in-context distractor):\n")
-            rows = _pivot(g, lengths, lambda r: fmt_recall(r, "forced_choice"))
-            w(table(["model"] + _len_header(lengths), rows) + "\n")
+        for m in (m.name for m in scoring.of_kind(scoring.FORCED_CHOICE)):
+            if m in g and g[m].notna().any():
+                w(f"`{m}`: {scoring.get(m).summary}\n")
+                rows = _pivot(g, lengths, lambda r, m=m: fmt_recall(r, m))
+                w(table(["model"] + _len_header(lengths), rows) + "\n")
         note = (" Tokenizers differ here: compare models by characters." if
                 board.use_chars.get(task) else "")
         w(f"Mean prompt length, tokens / characters.{note}\n")
@@ -195,8 +197,10 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
         w("Not drawn:\n")
         w("\n".join(f"- {s}" for s in skipped) + "\n")
 
+    preference = "\n".join(f"  - `{m}`: {scoring.get(m).summary}"
+                           for m in scoring.recall_preference())
     w(HOW_TO_READ.format(threshold=o.threshold, knee=derived.KNEE_LEVEL, n_boot=o.n_boot,
-                         seed=o.seed))
+                         seed=o.seed, preference=preference))
     w(_provenance(board, version))
     return "\n".join(out).rstrip() + "\n"
 
@@ -214,11 +218,9 @@ def _drift(drift: Sequence[tuple[str, dict]]) -> str:
 
 HOW_TO_READ = """## How to read
 
-- **Recall** is each task's primary metric, named above its table: by default
-  `string_match_all` (RULER's metric: the share of gold values found in the generated answer,
-  case-insensitive), else `exact_match`, `contains`, then `forced_choice` for tasks scored only
-  by log-probabilities (`--primary-metric` overrides). **Forced choice** is 1 when the gold
-  answer's log-probability is strictly higher than every in-context distractor's.
+- **Recall** is each task's primary metric, named above its table: by default the first of
+  these that the task has (`--primary-metric` overrides):
+{preference}
 - **n** counts scored samples (model x probe x question). A sample that failed (`error`) or
   was not evaluated (`flag`, e.g. a prompt longer than the model's maximum) is not scored: it
   is counted as failed / flagged, never as 0. Metric means and state bytes are over scored

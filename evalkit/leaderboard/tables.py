@@ -13,13 +13,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from evalkit import scoring
 from evalkit.leaderboard.load import SCORE_PREFIX, metric_columns
 from evalkit.leaderboard.merge import CELL_KEY, GRID_KEY
-
-# Primary recall metric, first one a task has: generation scored RULER-style (share of gold
-# values found in the answer), then stricter generation metrics, then forced choice alone.
-PRIMARY_PREFERENCE = ("string_match_all", "exact_match", "contains", "forced_choice")
-SECONDARY = "forced_choice"  # also reported where present: log-prob choice among distractors
 
 ROW_ID = ["model", "model_label", "model_hash", "task", "task_label", "task_version",
           "task_config_hash"]
@@ -74,13 +70,17 @@ def cell_rows(samples: pd.DataFrame) -> pd.DataFrame:
 def choose_primary(samples: pd.DataFrame, override: str | None = None) -> dict[str, str]:
     """task_label -> primary metric; `override` where the task has it."""
     metrics = metric_columns(samples)
-    if override is not None and override not in metrics:
-        raise ValueError(f"--primary-metric {override!r}: no run has it "
-                         f"(metrics present: {', '.join(metrics) or 'none'})")
+    if override is not None:
+        if not scoring.get(override).higher_is_better:
+            raise ValueError(f"--primary-metric {override!r}: recall needs a higher-is-better "
+                             f"metric")
+        if override not in metrics:
+            raise ValueError(f"--primary-metric {override!r}: no run has it "
+                             f"(metrics present: {', '.join(metrics) or 'none'})")
     out = {}
     for label, g in samples[samples["scored"]].groupby("task_label"):
         present = [m for m in metrics if g[SCORE_PREFIX + m].notna().any()]
-        order = ([override] if override else []) + list(PRIMARY_PREFERENCE) + sorted(present)
+        order = ([override] if override else []) + scoring.recall_preference() + sorted(present)
         out[label] = next((m for m in order if m in present), "")
     for label in samples["task_label"].unique():
         out.setdefault(label, "")  # nothing scored at all
@@ -99,11 +99,16 @@ def with_primary(samples: pd.DataFrame, primary: dict[str, str]) -> pd.DataFrame
     return df
 
 
+def secondary_metrics(samples: pd.DataFrame) -> list[str]:
+    """Forced-choice metrics the samples have, reported beside recall by length."""
+    return [m.name for m in scoring.of_kind(scoring.FORCED_CHOICE)
+            if SCORE_PREFIX + m.name in samples]
+
+
 def by_length(samples: pd.DataFrame) -> pd.DataFrame:
     """Primary recall per model x task x length, pooled over depth and load (what the README
     tables, effective length and the length plots use)."""
-    metrics = ["recall"] + ([SECONDARY] if SCORE_PREFIX + SECONDARY in samples else [])
-    return aggregate(samples, ROW_ID + ["target_length"], metrics)
+    return aggregate(samples, ROW_ID + ["target_length"], ["recall"] + secondary_metrics(samples))
 
 
 def model_kinds(samples: pd.DataFrame) -> dict[str, str]:

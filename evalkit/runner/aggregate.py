@@ -3,8 +3,9 @@
 One row per model x task x target_length x depth x load (the grid cell of each sample's probe).
 - n: samples that were scored (no error, no flag): the denominator of every metric mean;
   n_failed and n_flagged count the others, so the cell holds n + n_failed + n_flagged samples.
-- metrics: {metric: {mean, stderr, n}} over the scored samples that have the metric
-  (forced_choice needs two candidates). stderr = sample std (ddof=1) / sqrt(n), 0 when n = 1.
+- metrics: {metric: {mean, stderr, n}} over the scored samples that have the metric (a
+  forced-choice metric needs two candidates). stderr = sample std (ddof=1) / sqrt(n), 0 when
+  n = 1. A metric name not registered in evalkit.scoring is an error.
 - prompt_tokens, prompt_chars: means over every sample of the cell.
 - state_bytes: mean over scored samples, rounded to whole bytes; state_kind: the adapter's.
 - by_kind: the same metric means split by question kind (recall, latest, ...).
@@ -17,6 +18,7 @@ import math
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
+from evalkit import scoring
 from evalkit.result import SampleResult
 
 TIMESTAMP_KEYS = frozenset({"created", "started", "finished", "resumed"})
@@ -53,6 +55,7 @@ def rows(samples: Iterable[SampleResult], tasks: dict[str, dict]) -> list[dict[s
     out = []
     for (model, task, length, depth, load), cell in cells.items():
         ok = [s for s in cell if scored(s)]
+        scoring.check_names({m for s in ok for m in s.scores}, f"scores of {model} on {task}")
         kinds = sorted({s.kind for s in ok})
         out.append({
             "model": model, "model_hash": cell[0].model_hash, "task": task,

@@ -11,7 +11,6 @@ ends with the same results.json as an uninterrupted run.
 from __future__ import annotations
 
 import gc
-import inspect
 import sys
 import time
 from contextlib import contextmanager
@@ -216,26 +215,16 @@ def _task_info(resolved: ResolvedSuite) -> dict[str, dict]:
 
 
 def _run_lm_eval(resolved: ResolvedSuite, path: Path) -> dict:
-    try:
-        from evalkit.lm_eval_run import run_lm_eval_tasks
-    except ModuleNotFoundError as e:
-        if e.name != "evalkit.lm_eval_run":
-            raise
-        raise ValueError("--lm-eval-tasks needs evalkit.lm_eval_run (the lm-eval bridge), "
-                         "which this checkout does not have") from None
+    from evalkit.lm_eval.run import run_lm_eval_tasks
+
     suite = resolved.suite
-    kwargs: dict[str, Any] = {"models": [m.spec for m in resolved.models],
-                              "tasks": list(suite.lm_eval_tasks),
-                              "output_dir": path / "lm_eval", "limit": suite.limit}
-    optional = {"batch_size": suite.batch_size, "seed": suite.seed,
-                "log_samples": suite.log_samples,
-                "model_options": {m.spec: m.options for m in resolved.models},
-                # RULER-style tasks size their data from these: the suite's lengths.
-                "max_seq_lengths": list(suite.lengths) if suite.lengths else None}
-    # Pass the optional settings the bridge's signature names (its API may grow).
-    params = inspect.signature(run_lm_eval_tasks).parameters
-    kwargs.update({k: v for k, v in optional.items() if k in params})
-    return provenance.jsonable(run_lm_eval_tasks(**kwargs))
+    return provenance.jsonable(run_lm_eval_tasks(
+        [m.spec for m in resolved.models], list(suite.lm_eval_tasks),
+        output_dir=path / "lm_eval", limit=suite.limit, batch_size=suite.batch_size,
+        seed=suite.seed, log_samples=suite.log_samples,
+        model_options={m.spec: m.options for m in resolved.models},
+        # RULER-style tasks size their data from these: the suite's lengths.
+        max_seq_lengths=list(suite.lengths) if suite.lengths else None))
 
 
 def run_suite(resolved: ResolvedSuite, *, output: str | Path | None = None, resume: bool = False,

@@ -11,10 +11,10 @@ bridge's own (below) is an option of that model (device, dtype, max_length, wind
 Command line: lm-eval 0.4.13 finds models only in its own registry (no plugin entry points:
 `lm_eval.api.registry.get_model` looks names up in `model_registry`, filled by
 `lm_eval.models.MODEL_MAPPING` and by `@register_model` at import). So this module has to be
-imported before lm-eval resolves `--model`; `python -m evalkit.lm_eval_cli run --model evalkit ...`
-(console script `evalkit-lm-eval`) does that and is otherwise the stock `lm-eval` command.
-`python -m evalkit.lm_eval_cli --install-hook` makes the plain `lm-eval` command know "evalkit"
-too (see evalkit/lm_eval_cli.py).
+imported before lm-eval resolves `--model`; `python -m evalkit.lm_eval.cli run --model evalkit
+...` (console script `evalkit-lm-eval`) does that and is otherwise the stock `lm-eval` command.
+`python -m evalkit.lm_eval.cli --install-hook` makes the plain `lm-eval` command know "evalkit"
+too (see evalkit/lm_eval/cli.py).
 
 Bridge options (model_args): name (required), add_bos_token, prefix_token_id, max_gen_toks
 (default 256, as lm-eval's hf), check_greedy (default true), share_prefix (default 0),
@@ -353,9 +353,8 @@ class EvalkitLM(TemplateLM):
             continue_final_message=not add_generation_prompt)
 
     def get_model_info(self) -> dict:
-        ident = self.adapter.identity() if hasattr(self.adapter, "identity") else {}
         n_params = getattr(self.adapter, "num_parameters", None)
         return {"evalkit_model": self.model_name,
                 "evalkit_options": {k: str(v) for k, v in self.options.items()},
-                "evalkit_identity": ident,
+                "evalkit_identity": self.adapter.identity(),
                 "model_num_parameters": n_params() if callable(n_params) else -1}

@@ -3,7 +3,7 @@
 lm-eval 0.4.13 has no plugin mechanism for models: `--model NAME` is looked up in
 `lm_eval.api.registry.model_registry`, which holds lm-eval's own lazy entries
 (`lm_eval.models.MODEL_MAPPING`) plus whatever was registered by an imported module; no entry
-points are read. `python -m evalkit.lm_eval_cli --install-hook` writes a one-line .pth file
+points are read. `python -m evalkit.lm_eval.cli --install-hook` writes a one-line .pth file
 into site-packages that runs this file at interpreter start. It only adds an import finder
 (no lm-eval, torch or evalkit import): when `lm_eval.api.registry` is first imported, it
 registers "evalkit" as a lazy "module:Class" entry, which lm-eval imports only when
@@ -14,7 +14,7 @@ import importlib.machinery
 import sys
 
 TARGET = "lm_eval.api.registry"
-ENTRY = ("evalkit", "evalkit.model_adapters.lm_eval_bridge:EvalkitLM")
+ENTRY = ("evalkit", "evalkit.lm_eval.bridge:EvalkitLM")
 
 
 def _register(module) -> None:

@@ -1,7 +1,7 @@
 """lm-eval's own tasks on evalkit models (`evalkit run --lm-eval-tasks niah_single_1 ...`).
 
 `run_lm_eval_tasks` evaluates each evalkit model through the lm-eval bridge
-(`evalkit.model_adapters.lm_eval_bridge.EvalkitLM`) with lm-eval's `simple_evaluate`, and
+(`evalkit.lm_eval.bridge.EvalkitLM`) with lm-eval's `simple_evaluate`, and
 writes, per model, into output_dir/<model>/ (each file atomically):
 - results.json: lm-eval's results object (results, configs, versions, n-samples, config...),
   without the samples;
@@ -65,7 +65,7 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: Sequence[str], *, output_dir
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable
 
-    from evalkit.model_adapters.lm_eval_bridge import EvalkitLM
+    from evalkit.lm_eval.bridge import EvalkitLM
 
     if not models:
         raise ValueError("run_lm_eval_tasks: name at least one evalkit model")

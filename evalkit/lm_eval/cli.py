@@ -1,6 +1,6 @@
-"""The lm-eval command with evalkit's models registered: `python -m evalkit.lm_eval_cli ...`.
+"""The lm-eval command with evalkit's models registered: `python -m evalkit.lm_eval.cli ...`.
 
-    python -m evalkit.lm_eval_cli run --model evalkit --model_args name=smollm2-135m,dtype=fp32 \\
+    python -m evalkit.lm_eval.cli run --model evalkit --model_args name=smollm2-135m,dtype=fp32 \\
         --tasks niah_single_1 --metadata '{"max_seq_lengths": [1024], "tokenizer": "<folder>"}'
     evalkit-lm-eval run ...            # the same, as a console script
 
@@ -9,9 +9,9 @@ is that "evalkit" is a known --model (lm-eval 0.4.13 reads no plugin entry point
 bridge module has to be imported before it resolves --model).
 
 To make the plain `lm-eval` / `lm_eval` command know "evalkit" as well:
-    python -m evalkit.lm_eval_cli --install-hook     # writes evalkit-lm-eval.pth to site-packages
-    python -m evalkit.lm_eval_cli --uninstall-hook
-The .pth runs evalkit/lm_eval_hook.py at interpreter start (an import finder only; see there).
+    python -m evalkit.lm_eval.cli --install-hook     # writes evalkit-lm-eval.pth to site-packages
+    python -m evalkit.lm_eval.cli --uninstall-hook
+The .pth runs evalkit/lm_eval/hook.py at interpreter start (an import finder only; see there).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ PTH_NAME = "evalkit-lm-eval.pth"
 
 
 def hook_file() -> Path:
-    return Path(__file__).resolve().parent / "lm_eval_hook.py"
+    return Path(__file__).resolve().parent / "hook.py"
 
 
 def pth_line(hook: Path | None = None) -> str:
@@ -45,7 +45,7 @@ def site_packages() -> Path:
 def install_hook(site_dir: Path | None = None) -> Path:
     target = (site_dir or site_packages()) / PTH_NAME
     target.write_text("# evalkit: registers --model evalkit with lm-eval "
-                      "(remove with python -m evalkit.lm_eval_cli --uninstall-hook)\n" + pth_line())
+                      "(remove with python -m evalkit.lm_eval.cli --uninstall-hook)\n" + pth_line())
     return target
 
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         removed = uninstall_hook()
         print(f"removed {removed}" if removed else f"no {PTH_NAME} in {site_packages()}")
         return 0
-    import evalkit.model_adapters.lm_eval_bridge  # noqa: F401  -- registers "evalkit"
+    import evalkit.lm_eval.bridge  # noqa: F401  -- registers "evalkit"
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv = ["lm-eval", *argv]

@@ -1,4 +1,4 @@
-"""evalkit tasks as lm-eval tasks: `evalkit lm-eval-export` writes an lm-eval include path.
+"""evalkit tasks as lm-eval tasks: an lm-eval include path (`evalkit lm-eval-export`).
 
     evalkit lm-eval-export --tasks needle,multikey --tokenizer PATH --lengths 512,1024 --out DIR
     lm_eval run --include_path DIR --tasks evalkit_needle --model evalkit --model_args name=oracle
@@ -9,17 +9,23 @@ For every task and length the folder gets (L = target length in the tokenizer's 
   (probe id/hash, length, depth, load, distance) so lm-eval's samples can be joined with evalkit's.
 - evalkit_<task>_<L>.yaml: a generate_until task answered as evalkit's runner answers it: greedy,
   each question's own token budget (max_new_tokens) and stop strings -- set per doc by
-  utils.EvalkitGenerateTask -- scored by evalkit.scoring (exact_match, contains,
-  normalized_match, string_match_all, string_match_part, partial_credit) in process_results.
+  utils.EvalkitGenerateTask -- scored in process_results by every generation metric
+  registered in evalkit.scoring.
   Stop strings: `stop` if given (match the run's generation.stop), else a probe's own
   meta.extra "stop", else the built-in tasks' convention evalkit.render.ANSWER_STOP
   ("\\n", "."): every fact ends with "." right after its value.
 - evalkit_<task>_choice_<L>.yaml (tasks whose questions carry candidates): the same prompts as
-  lm-eval multiple_choice over " " + candidate, scored by evalkit's strict forced choice
-  (ties count as wrong, unlike lm-eval's acc).
+  lm-eval multiple_choice over " " + candidate, scored by the registered forced-choice metrics
+  (evalkit's forced_choice counts ties as wrong, unlike lm-eval's acc).
 - tags: evalkit_<task> (every length), evalkit_<task>_choice, and evalkit (everything), so
   `--tasks evalkit_needle` runs all exported lengths, each reported as its own task.
-- evalkit_export.json: what was exported (tokenizer hash, grid, task config hashes, counts).
+- utils.py: a copy of evalkit/lm_eval/include/utils.py (the YAMLs' `!function`s).
+- evalkit_export.json: what was exported (tokenizer hash, grid, task config hashes, counts,
+  the metrics utils.py computes) and the sha256 of every file the export wrote.
+
+The folder may exist: the export replaces only files a previous export wrote and that are
+unchanged since (by the sha256 in its evalkit_export.json), and removes such files it no longer
+writes. Any other file in the way is an error naming it, raised before anything is written.
 
 Data are local JSON lines read by lm-eval through `dataset_path: json` with absolute
 `data_files` paths (the datasets json builder resolves relative paths against the working
@@ -31,16 +37,16 @@ piecewise rendering (which tokenizes each segment on its own); `prompt_tokens` r
 """
 from __future__ import annotations
 
-import argparse
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from evalkit import atomic
-from evalkit.cli import csv_list
+from evalkit import atomic, scoring
 
-GEN_METRICS = ("exact_match", "contains", "normalized_match", "string_match_all",
-               "string_match_part", "partial_credit")
+MANIFEST = "evalkit_export.json"
+WRITTEN_BY = "evalkit lm-eval-export"
+UTILS = Path(__file__).parent / "include" / "utils.py"
 
 
 def default_stop() -> tuple[str, ...]:
@@ -48,41 +54,6 @@ def default_stop() -> tuple[str, ...]:
     from evalkit.render import ANSWER_STOP
 
     return tuple(ANSWER_STOP)
-
-
-UTILS_PY = '''"""Written by `evalkit lm-eval-export`: scores lm-eval results with evalkit.scoring."""
-from lm_eval.api.task import ConfigurableTask
-
-from evalkit.scoring import GENERATION_METRICS, forced_choice
-
-
-class EvalkitGenerateTask(ConfigurableTask):
-    """generate_until with each question's own token budget and the probe's stop strings, as
-    evalkit's runner answers it (a plain YAML task has one generation_kwargs for every doc)."""
-
-    def __init__(self, config=None, **kwargs):
-        # lm-eval hands the whole YAML over, including the `class` key TaskConfig rejects
-        super().__init__(config={k: v for k, v in (config or {}).items() if k != "class"},
-                         **kwargs)
-
-    def construct_requests(self, doc, ctx, **kwargs):
-        req = super().construct_requests(doc, ctx, **kwargs)
-        for r in req if isinstance(req, list) else [req]:
-            r.arguments[1]["max_gen_toks"] = int(doc["max_new_tokens"])
-            r.arguments[1]["until"] = list(doc["stop"])
-        return req
-
-
-def process_results(doc, results):
-    prediction = results[0]
-    return {name: fn(prediction, doc["gold"]) for name, fn in GENERATION_METRICS.items()}
-
-
-def process_results_choice(doc, results):
-    # multiple_choice results: one (loglikelihood, is_greedy) per candidate, gold first
-    lls = [r[0] if isinstance(r, (list, tuple)) else r for r in results]
-    return {"forced_choice": forced_choice(lls)}
-'''
 
 
 def _prompt_texts(probe: Any, tokenizer: Any) -> list[str]:
@@ -123,6 +94,11 @@ def _yaml_dump(obj: dict, function_keys: Sequence[str] = ()) -> str:
     return text
 
 
+def _metric_list(kind: str) -> list[dict]:
+    return [{"metric": m.name, "aggregation": "mean", "higher_is_better": m.higher_is_better}
+            for m in scoring.of_kind(kind)]
+
+
 def _gen_task_yaml(name: str, tags: list[str], data: Path, max_gen: int, until: list[str],
                    meta: dict) -> str:
     cfg = {
@@ -131,8 +107,7 @@ def _gen_task_yaml(name: str, tags: list[str], data: Path, max_gen: int, until: 
         "test_split": "test", "output_type": "generate_until",
         "doc_to_text": "prompt", "doc_to_target": "{{gold[0]}}",
         "process_results": "__fn__",
-        "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True}
-                        for m in GEN_METRICS],
+        "metric_list": _metric_list(scoring.GENERATION),
         "generation_kwargs": {"until": until, "max_gen_toks": max_gen,
                               "do_sample": False, "temperature": 0.0},
         "repeats": 1, "num_fewshot": 0, "metadata": meta,
@@ -149,8 +124,7 @@ def _choice_task_yaml(name: str, tags: list[str], data: Path, meta: dict) -> str
         "doc_to_text": "prompt", "doc_to_choice": "candidates", "doc_to_target": 0,
         "target_delimiter": " ",  # continuations are " " + value, as evalkit scores them
         "process_results": "__fn__",
-        "metric_list": [{"metric": "forced_choice", "aggregation": "mean",
-                         "higher_is_better": True}],
+        "metric_list": _metric_list(scoring.FORCED_CHOICE),
         "num_fewshot": 0, "metadata": meta,
     }
     return _yaml_dump(cfg, ["process_results"]).replace(
@@ -166,6 +140,51 @@ def _version_number(version: str) -> float:
         return 1.0
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _owned_files(out: Path) -> dict[str, set[str]]:
+    """{relative path: accepted sha256s} of the files an export wrote into `out` ({} if none).
+    Raises ValueError if evalkit_export.json is there but is not an export's manifest."""
+    path = out / MANIFEST
+    if not path.exists():
+        return {}
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        manifest = None
+    if not (isinstance(manifest, dict) and manifest.get("written_by") == WRITTEN_BY
+            and isinstance(manifest.get("files"), dict)):
+        raise ValueError(f"{path}: exists and was not written by evalkit (not a manifest of "
+                         f"`{WRITTEN_BY}`); move it or choose another --out")
+    owned: dict[str, set[str]] = {}
+    # "pending": the hashes being replaced while an export writes (it may have stopped midway)
+    for table in (manifest["files"], manifest.get("pending") or {}):
+        for rel, sha in table.items():
+            owned.setdefault(rel, set()).add(sha)
+    return owned
+
+
+def _check_out(out: Path, planned: Sequence[str]) -> dict[str, str]:
+    """Refuse, naming the file, to touch a file in `out` that an export did not write as it
+    is now. Returns {relative path: sha256} of the existing files the export will replace or
+    remove (those of a previous export)."""
+    owned = _owned_files(out)
+    existing = {}
+    for rel in dict.fromkeys([*planned, *owned]):
+        path = out / rel
+        if not path.exists() and not path.is_symlink():
+            continue
+        sha = _sha256(path) if path.is_file() and not path.is_symlink() else ""
+        if sha not in owned.get(rel, ()):
+            why = "changed since evalkit wrote it" if rel in owned else "not written by evalkit"
+            raise ValueError(f"{path}: exists and was {why}; the export never replaces or "
+                             f"removes such a file (move it, or choose another --out)")
+        existing[rel] = sha
+    return existing
+
+
 def export_tasks(tasks: Sequence[str], out_dir: str | Path, *, tokenizer: Any,
                  lengths: Sequence[int] | None = None, depths: Sequence[float] | None = None,
                  loads: Sequence[int] | None = None, samples: int | None = None, seed: int = 0,
@@ -175,7 +194,8 @@ def export_tasks(tasks: Sequence[str], out_dir: str | Path, *, tokenizer: Any,
 
     `tokenizer`: a tokenizer object or a path (folder or tokenizer.json); lengths are in its
     tokens. `stop`: stop strings for every question (default: see the module doc).
-    Returns the manifest (also written to evalkit_export.json).
+    Every probe is built before anything is written. Returns the manifest (also written to
+    evalkit_export.json, last).
     """
     from evalkit.taskspec import discover, generate_probes, grid
     from evalkit.tokenization import load_tokenizer, tokenizer_hash
@@ -184,12 +204,14 @@ def export_tasks(tasks: Sequence[str], out_dir: str | Path, *, tokenizer: Any,
         raise ValueError("lm-eval export: name at least one task (see `evalkit tasks`)")
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
     reg = discover(include_paths)
-    specs = [reg.get(t) for t in tasks]  # unknown names fail here, before anything is written
+    specs = [reg.get(t) for t in tasks]
     out = Path(out_dir).expanduser().resolve()
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    atomic.write_text(out / "utils.py", UTILS_PY)
-    manifest: dict[str, Any] = {"tokenizer_hash": tokenizer_hash(tok), "seed": seed,
-                                "stop": list(stop) if stop else None, "tasks": {}}
+    files: dict[str, str] = {"utils.py": UTILS.read_text(encoding="utf-8")}
+    manifest: dict[str, Any] = {
+        "written_by": WRITTEN_BY, "tokenizer_hash": tokenizer_hash(tok), "seed": seed,
+        "stop": list(stop) if stop else None,
+        "metrics": {kind: [m.name for m in scoring.of_kind(kind)] for kind in scoring.KINDS},
+        "tasks": {}}
     for spec in specs:
         points = grid(spec, lengths=lengths, depths=depths, loads=loads, samples=samples,
                       seed=seed)
@@ -199,69 +221,35 @@ def export_tasks(tasks: Sequence[str], out_dir: str | Path, *, tokenizer: Any,
         entry = {"version": spec.version, "config_hash": spec.config_hash(), "lm_eval_tasks": {}}
         base = f"evalkit_{spec.name}".replace("-", "_").replace(".", "_")
         for length, docs in sorted(by_length.items()):
-            data = out / "data" / f"{spec.name}_{length}.jsonl"
-            atomic.write_jsonl(data, docs)
+            data = f"data/{spec.name}_{length}.jsonl"
+            files[data] = "".join(json.dumps(d, sort_keys=True, ensure_ascii=False) + "\n"
+                                  for d in docs)
             meta = {"version": _version_number(spec.version), "evalkit_task": spec.name,
                     "evalkit_task_version": spec.version,
                     "evalkit_config_hash": spec.config_hash(), "target_length": length,
                     "tokenizer_hash": manifest["tokenizer_hash"], "seed": seed}
             name = f"{base}_{length}"
             max_gen = max(d["max_new_tokens"] for d in docs)
-            until = docs[0]["stop"] if docs else list(default_stop())
-            atomic.write_text(out / f"{name}.yaml",
-                              _gen_task_yaml(name, [base, "evalkit"], data, max_gen, until, meta))
-            made = {name: {"docs": len(docs), "output_type": "generate_until"}}
-            if choice and docs and all(len(d["candidates"]) >= 2 for d in docs):
+            files[f"{name}.yaml"] = _gen_task_yaml(name, [base, "evalkit"], out / data, max_gen,
+                                                   docs[0]["stop"], meta)
+            entry["lm_eval_tasks"][name] = {"docs": len(docs), "output_type": "generate_until"}
+            if choice and all(len(d["candidates"]) >= 2 for d in docs):
                 cname = f"{base}_choice_{length}"
-                text = _choice_task_yaml(cname, [f"{base}_choice", "evalkit"], data, meta)
-                atomic.write_text(out / f"{cname}.yaml", text)
-                made[cname] = {"docs": len(docs), "output_type": "multiple_choice"}
-            entry["lm_eval_tasks"].update(made)
+                files[f"{cname}.yaml"] = _choice_task_yaml(cname, [f"{base}_choice", "evalkit"],
+                                                           out / data, meta)
+                entry["lm_eval_tasks"][cname] = {"docs": len(docs),
+                                                 "output_type": "multiple_choice"}
         manifest["tasks"][spec.name] = entry
-    atomic.write_json(out / "evalkit_export.json", manifest)
+    existing = _check_out(out, list(files))
+    new = {rel: hashlib.sha256(text.encode("utf-8")).hexdigest() for rel, text in files.items()}
+    stale = {rel: sha for rel, sha in existing.items() if rel not in files}
+    # The manifest goes first, so a stopped export still owns every file it has written.
+    atomic.write_json(out / MANIFEST, {**manifest, "files": {**stale, **new},
+                                       "pending": {r: existing[r] for r in files if r in existing}})
+    for rel, text in files.items():
+        atomic.write_text(out / rel, text)
+    for rel in stale:
+        (out / rel).unlink()
+    manifest["files"] = new
+    atomic.write_json(out / MANIFEST, manifest)
     return manifest
-
-
-# -- `evalkit lm-eval-export` -------------------------------------------------------------------
-
-
-def _unescape(text: str) -> str:
-    out = text.encode("utf-8").decode("unicode_escape")
-    if not out:
-        raise argparse.ArgumentTypeError("a stop string cannot be empty")
-    return out
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("lm-eval-export",
-                       help="write evalkit tasks as an lm-eval include path (YAML + jsonl data)")
-    p.add_argument("--tasks", type=csv_list(str), required=True, help="comma-separated task names")
-    p.add_argument("--tokenizer", required=True,
-                   help="tokenizer folder or tokenizer.json of the model to evaluate "
-                        "(lengths are in its tokens)")
-    p.add_argument("--lengths", type=csv_list(int))
-    p.add_argument("--depths", type=csv_list(float))
-    p.add_argument("--loads", type=csv_list(int))
-    p.add_argument("--samples", type=int)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--include", action="append", default=[], help="folder of task YAMLs")
-    p.add_argument("--stop", action="append", type=_unescape,
-                   help="a stop string (repeatable; escapes like \\n allowed); default: the "
-                        "tasks' convention, newline and period")
-    p.add_argument("--no-choice", action="store_true",
-                   help="skip the forced-choice (multiple_choice) variants")
-    p.add_argument("--out", required=True, help="folder to write (lm-eval --include_path)")
-    p.set_defaults(func=run)
-
-
-def run(args) -> int:
-    manifest = export_tasks(args.tasks, args.out, tokenizer=args.tokenizer, lengths=args.lengths,
-                            depths=args.depths, loads=args.loads, samples=args.samples,
-                            seed=args.seed, include_paths=args.include, choice=not args.no_choice,
-                            stop=args.stop)
-    for task, entry in manifest["tasks"].items():
-        for name, info in entry["lm_eval_tasks"].items():
-            print(f"{name}: {info['docs']} docs ({info['output_type']})")
-    print(f"include path: {Path(args.out).expanduser().resolve()}  "
-          f"(lm_eval run --include_path ... --tasks evalkit_<task>)")
-    return 0
