@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from evalkit import scoring
 from evalkit.atomic import write_text
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP, check_resamples, paired_bootstrap, seed_for
 from evalkit.leaderboard.load import Run, load_run, read_samples
@@ -32,7 +33,7 @@ from evalkit.leaderboard.load import Run, load_run, read_samples
 FORMAT = "evalkit-drift/1"
 JSON_NAME, MD_NAME = "drift.json", "drift.md"
 MD_MARKER = f"<!-- {FORMAT}: written by `evalkit compare`; rerunning it replaces this file -->"
-DEFAULT_METRIC = "exact_match"
+DEFAULT_METRIC = scoring.ANSWER_METRIC
 ALL = "all"  # the task label of the row pooled over every task
 
 # Identity fields that are evaluation settings, not the model: they may differ.

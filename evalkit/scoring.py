@@ -90,6 +90,10 @@ def recall_preference() -> list[str]:
     return [m.name for m in sorted(ranked, key=lambda m: m.recall_rank)]
 
 
+# Whether the generated answer is the gold value: what a drift report counts as an answer that flips.
+ANSWER_METRIC = "exact_match"
+
+
 def score_sample(prediction: str | None, gold: Sequence[str],
                  logprobs: Sequence[float] | None = None) -> dict[str, float]:
     """Every registered metric that applies to one answered question."""
