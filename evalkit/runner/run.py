@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from evalkit import __version__
+from evalkit.adapter import check_identity
 from evalkit.probe import Probe
 from evalkit.render import Rendered, render
 from evalkit.result import SampleResult
@@ -77,8 +78,7 @@ class _Session:
         from evalkit.models import load_model
 
         adapter = load_model(m.spec, **m.options)
-        identity = provenance.jsonable(dict(adapter.identity()))
-        identity.setdefault("tokenizer_hash", tokenizer_hash(adapter.tokenizer))
+        identity = provenance.jsonable(check_identity(dict(adapter.identity()), m.spec))
         mhash = provenance.identity_hash(identity, m.options)
         kind = _state_kind(adapter, identity)
         self.models[m.name] = {**identity, "hash": mhash, "spec": m.spec,
