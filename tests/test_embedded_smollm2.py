@@ -89,7 +89,7 @@ def test_evalkit_models_lists_it_without_loading_weights(smol):
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = models_cmd.run(argparse.Namespace(json=True, tokens=8192))
+        rc = models_cmd.run(argparse.Namespace(json=True, tokens=8192, plugins=[]))
     rows = {r["name"]: r for r in json.loads(out.getvalue())}
     assert rc == 0, [r for r in rows.values() if "error" in r]
     row = rows["smollm2-135m"]

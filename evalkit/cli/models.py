@@ -1,5 +1,7 @@
 """`evalkit models`: the registered models with parameters, state kind and state bytes at N tokens.
 
+    evalkit models [--tokens N] [--json] [--plugins my_model.py]
+
 The numbers come from each model's `describe` function (see evalkit.models), computed without
 loading weights; a model without one is a path loader, listed as NAME:PATH. A model that fails
 to describe is listed with its error, and the command exits 1.
@@ -11,6 +13,7 @@ import json
 from typing import Any
 
 from evalkit.models import DEFAULT_TOKENS, describe_model, model_info, model_names
+from evalkit.runner.suite import import_plugins
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -18,6 +21,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                              "state bytes at N tokens",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    p.add_argument("--plugins", action="append", default=[],
+                   help="Python file or module declaring models (repeatable)")
     p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
                    help=f"sequence length for the state-bytes column (default {DEFAULT_TOKENS})")
     p.set_defaults(func=run)
@@ -60,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     n_tokens = args.tokens
     if n_tokens < 1:
         raise ValueError(f"--tokens must be >= 1, got {n_tokens}")
+    import_plugins(args.plugins, "--plugins")
     rows, failed = [], False
     for name in model_names():
         try:

@@ -187,7 +187,7 @@ class SoftmaxAdapter:
         if not ids:
             raise ValueError(f"{self.name}: prefill needs at least one token")
         self._check_room(len(ids), "prefill")
-        cache = self._new_cache()
+        cache = kv_cache.new_cache(self.model)
         logits = self._forward(cache, 0, [ids], all_logits=False)[0]
         return KVState(cache, len(ids), logits)
 
