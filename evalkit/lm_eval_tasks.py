@@ -12,7 +12,7 @@ For every task and length the folder gets (L = target length in the tokenizer's 
   utils.EvalkitGenerateTask -- scored by evalkit.scoring (exact_match, contains,
   normalized_match, string_match_all, string_match_part, partial_credit) in process_results.
   Stop strings: `stop` if given (match the run's generation.stop), else a probe's own
-  meta.extra "stop", else the built-in tasks' convention evalkit.tasks.common.STOP_STRINGS
+  meta.extra "stop", else the built-in tasks' convention evalkit.render.ANSWER_STOP
   ("\\n", "."): every fact ends with "." right after its value.
 - evalkit_<task>_choice_<L>.yaml (tasks whose questions carry candidates): the same prompts as
   lm-eval multiple_choice over " " + candidate, scored by evalkit's strict forced choice
@@ -44,12 +44,10 @@ GEN_METRICS = ("exact_match", "contains", "normalized_match", "string_match_all"
 
 
 def default_stop() -> tuple[str, ...]:
-    """The built-in tasks' stop convention (evalkit.tasks.common.STOP_STRINGS)."""
-    try:
-        from evalkit.tasks.common import STOP_STRINGS
-    except ImportError:
-        return ("\n",)
-    return tuple(STOP_STRINGS)
+    """The built-in tasks' stop convention (evalkit.render.ANSWER_STOP)."""
+    from evalkit.render import ANSWER_STOP
+
+    return tuple(ANSWER_STOP)
 
 
 UTILS_PY = '''"""Written by `evalkit lm-eval-export`: scores lm-eval results with evalkit.scoring."""
@@ -89,13 +87,9 @@ def process_results_choice(doc, results):
 
 def _prompt_texts(probe: Any, tokenizer: Any) -> list[str]:
     """One prompt string per question: the text render.py tokenizes piece by piece."""
-    from evalkit.render import _chat_pieces, question_text
+    from evalkit.render import Renderer
 
-    if probe.chat:
-        ctx, qs = _chat_pieces(tokenizer, probe)
-    else:
-        ctx = [s.text for s in probe.context]
-        qs = [question_text(q) for q in probe.questions]
+    ctx, qs = Renderer(tokenizer, probe.chat).texts(probe)
     return ["".join(ctx[: q.after_segment]) + qs[i] for i, q in enumerate(probe.questions)]
 
 

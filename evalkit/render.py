@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from evalkit.probe import Probe, Question, Segment
+from evalkit.probe import Probe, Segment
 from evalkit.tokenization import bos_ids, encode
 
 
@@ -42,76 +42,85 @@ class Rendered:
         return sum(len(p) for p in self.context[:after_segment])
 
 
-def _chat_messages(segments: Sequence[Segment]) -> list[dict]:
-    return [{"role": s.role, "content": s.text} for s in segments]
+class Renderer:
+    """The text of each prompt piece, one piece at a time. Probe generators use it to measure a
+    piece while they build the context, and `render` uses it for the finished probe.
 
+    Chat turn pieces come from a window of the conversation: the template renders the window
+    with and without the new turn, and the piece is the difference. The window opens at the
+    latest user turn before the new one, so its cost does not grow with the conversation, and
+    templates that insist on user/assistant alternation still accept it. `piece_texts` checks
+    the pieces against the template's rendering of the whole conversation."""
 
-def _template(tokenizer: Any, messages: list[dict], generation_prompt: bool) -> str:
-    if getattr(tokenizer, "chat_template", None):
+    def __init__(self, tokenizer: Any, chat: bool) -> None:
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self.bos: list[int] = [] if chat else bos_ids(tokenizer)  # a template writes its own
+
+    def template(self, turns: Sequence[Segment], generation_prompt: bool) -> str:
+        """The chat template's rendering of `turns` ("role: text" lines without a template)."""
+        messages = [{"role": s.role, "content": s.text} for s in turns]
+        if not getattr(self.tokenizer, "chat_template", None):
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+            return text + ("assistant:" if generation_prompt else "")
         if not messages:
             return ""
-        return tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=generation_prompt)
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-    return text + ("assistant:" if generation_prompt else "")
+        from jinja2 import TemplateError
+
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=generation_prompt)
+        except TemplateError as e:
+            raise ValueError(f"the chat template of this tokenizer rejects these turns "
+                             f"({[m['role'] for m in messages]}): {e}") from e
+
+    def _window(self, before: Sequence[Segment]) -> Sequence[Segment]:
+        start = max((i for i, s in enumerate(before) if s.role == "user"), default=0)
+        return before[start:]
+
+    def _added(self, before: Sequence[Segment], new: Segment, generation_prompt: bool) -> str:
+        window = self._window(before)
+        base = self.template(window, False)
+        full = self.template([*window, new], generation_prompt)
+        if not full.startswith(base):
+            raise ValueError("the chat template of this tokenizer re-renders earlier turns when "
+                             "a turn is added, so turns cannot be streamed or measured")
+        return full[len(base):]
+
+    def piece(self, before: Sequence[Segment], seg: Segment) -> str:
+        """Text of `seg` when it follows the segments `before` (BOS not included)."""
+        return self._added(before, seg, False) if self.chat else seg.text
+
+    def question(self, before: Sequence[Segment], text: str, answer_prefix: str) -> str:
+        """Text of a question asked after the segments `before`, up to the answer prefix."""
+        if not self.chat:
+            return "\n" + text + "\n" + answer_prefix
+        return self._added(before, Segment(text, "user"), True) + answer_prefix
 
 
-def _pieces_quadratic(tokenizer: Any, probe: Probe, turns: list[Segment]) -> list[str]:
-    full = [_template(tokenizer, _chat_messages(turns[:i]), False) for i in range(len(turns) + 1)]
-    ctx: list[str] = []
-    for i in range(len(turns)):
-        if not full[i + 1].startswith(full[i]):
-            raise ValueError(f"probe {probe.id}: the chat template of this tokenizer re-renders "
-                             f"earlier turns when turn {i} is added, so turns cannot be streamed")
-        ctx.append(full[i + 1][len(full[i]):])
-    return ctx
-
-
-def _pieces_windowed(tokenizer: Any, turns: list[Segment]) -> list[str] | None:
-    """Each turn's piece from a two-turn window: linear in the number of turns. None when the
-    template is not local (the pieces do not add up to the whole rendering)."""
-    from jinja2 import TemplateError
-
-    ctx: list[str] = []
-    try:
-        for i in range(len(turns)):
-            a = _template(tokenizer, _chat_messages(turns[max(0, i - 1):i]), False)
-            b = _template(tokenizer, _chat_messages(turns[max(0, i - 1):i + 1]), False)
-            if not b.startswith(a):
-                return None
-            ctx.append(b[len(a):])
-    except TemplateError:  # e.g. a template that insists on user/assistant alternation
-        return None
-    whole = _template(tokenizer, _chat_messages(turns), False)
-    return ctx if "".join(ctx) == whole else None
-
-
-def _chat_pieces(tokenizer: Any, probe: Probe) -> tuple[list[str], list[str]]:
-    turns = list(probe.context)
-    ctx = _pieces_windowed(tokenizer, turns) or _pieces_quadratic(tokenizer, probe, turns)
-    qs: list[str] = []
-    for q in probe.questions:
-        msgs = _chat_messages(turns[: q.after_segment] + [Segment(q.text, "user")])
-        text = _template(tokenizer, msgs, True)
-        base = "".join(ctx[: q.after_segment])
-        if not text.startswith(base):
-            raise ValueError(f"probe {probe.id}: chat template re-renders earlier turns for a question")
-        qs.append(text[len(base):] + q.answer_prefix)
-    return ctx, qs
-
-
-def question_text(q: Question) -> str:
-    return "\n" + q.text + "\n" + q.answer_prefix
+    def texts(self, probe: Probe) -> tuple[list[str], list[str]]:
+        """The text of every context piece and every question piece of `probe` (no BOS)."""
+        turns = list(probe.context)
+        ctx = [self.piece(turns[:i], s) for i, s in enumerate(turns)]
+        qs = [self.question(turns[:q.after_segment], q.text, q.answer_prefix)
+              for q in probe.questions]
+        if self.chat:
+            if "".join(ctx) != self.template(turns, False):
+                raise ValueError(f"probe {probe.id}: the chat template of this tokenizer renders "
+                                 f"a turn differently after other turns, so turns cannot be "
+                                 f"streamed")
+            for q, text in zip(probe.questions, qs):
+                whole = self.template(turns[:q.after_segment] + [Segment(q.text, "user")], True)
+                if "".join(ctx[:q.after_segment]) + text != whole + q.answer_prefix:
+                    raise ValueError(f"probe {probe.id}: the chat template of this tokenizer "
+                                     f"re-renders earlier turns for a question")
+        return ctx, qs
 
 
 def render(probe: Probe, tokenizer: Any) -> Rendered:
-    if probe.chat:
-        ctx_text, q_text = _chat_pieces(tokenizer, probe)
-        bos: list[int] = []  # the chat template writes its own start tokens
-    else:
-        ctx_text = [s.text for s in probe.context]
-        q_text = [question_text(q) for q in probe.questions]
-        bos = bos_ids(tokenizer)
+    r = Renderer(tokenizer, probe.chat)
+    ctx_text, q_text = r.texts(probe)
+    bos = r.bos
     ctx = [encode(tokenizer, t) for t in ctx_text]
     qs = [tuple(encode(tokenizer, t)) for t in q_text]
     if bos:  # BOS opens the prompt: on the first context piece, or on a question asked first

@@ -2,7 +2,7 @@
 
 Each `*.yaml` file here is a task spec (see evalkit.taskspec) that points at a generator:
 needle.py (needles in a haystack), multikey.py (key -> value facts, load sweeps, MQAR-like),
-conversation.py (facts stated and updated in a chat). common.py holds the shared haystacks,
-exact-length fitting, and the stop convention. data/ holds the public-domain haystack text.
+conversation.py (facts stated and updated in a chat). They build their probes with the kit in
+evalkit.probes (haystacks, value makers, exact-length fitting, the stop convention).
 build_tokenizer.py builds the shared tiny tokenizer in model_adapters/tiny/tokenizer/.
 """

@@ -45,9 +45,10 @@ CHAT_TEMPLATE = ("{% for message in messages %}<|{{ message['role'] }}|>\n"
 
 def training_text() -> list[str]:
     """The training text, in a fixed order: the book, then the task vocabulary in templates."""
-    from evalkit.tasks import common as c
+    from evalkit.probes import words as c
+    from evalkit.probes.haystack import DATA
 
-    book = (c.DATA / "alice.txt").read_text(encoding="utf-8")
+    book = (DATA / "alice.txt").read_text(encoding="utf-8")
     lines = [p.strip() for p in book.split("\n\n") if p.strip()]
     lines += [c.FILLER] * 20
     for city in c.CITIES:

@@ -34,18 +34,19 @@ Question kinds (one per probe, drawn from params.kinds with the seed):
 distractors. With `checkpoints` = k, k more questions are asked after earlier assistant turns,
 spread evenly. Each asks a fact already stated by then, and gold is its value at that time.
 The final question is always last, and its prompt is the one fitted to `length`.
-Depth, length and stop conventions: see evalkit.tasks.common. Here fact_token points at the
+Depth, length and stop conventions: see evalkit.probes. Here fact_token points at the
 user turn that states the fact.
 """
 from __future__ import annotations
 
 import random
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evalkit.probe import Probe, Segment
-from evalkit.tasks import common as c
+from evalkit import probes as kit
+from evalkit.probe import Probe
+from evalkit.probes.words import DOMAINS, FACT_ACKS, FACT_INTROS, UPDATE_ACKS, UPDATE_INTROS
 
 Kind = Literal["recall", "latest", "lookalike"]
 
@@ -65,7 +66,7 @@ class Params(BaseModel):
 
 def generate(params: Params, *, task: str, version: str, tokenizer: Any, length: int,
              depth: float, load: int, seed: int) -> Probe:
-    c.check_grid_point(length, depth, load)
+    kit.check_grid_point(length, depth, load)
     if "lookalike" in params.kinds and load < 1 + params.lookalike:
         raise ValueError(f"load={load} is too small: kind 'lookalike' with params.lookalike="
                          f"{params.lookalike} needs at least {1 + params.lookalike} facts")
@@ -74,12 +75,12 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
                          f"distractor facts need at least {params.updates + 1} facts")
     rng = random.Random(seed)
     kind = params.kinds[rng.randrange(len(params.kinds))]
-    attr, _, noun = rng.choice(c.DOMAINS)
+    attr, _, noun = rng.choice(DOMAINS)
     used: set[str] = set()
     keys = [str(rng.randrange(1, 1000))]
     used.add(keys[0])
     if kind == "lookalike":
-        keys += c.lookalike_numbers(rng, keys[0], params.lookalike, used, limit=9999)
+        keys += kit.lookalike_numbers(rng, keys[0], params.lookalike, used, limit=9999)
     while len(keys) < load:
         k = str(rng.randrange(1, 1000))
         if k not in used:
@@ -89,7 +90,7 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
     if kind == "latest":
         updated.add(0)
     n_values = load + len(updated)
-    flat = c.make_values(rng, params.value_kind, n_values, params.digits)
+    flat = kit.make_values(rng, params.value_kind, n_values, params.digits)
     first = {i: flat[i] for i in range(load)}
     second = {i: flat[load + j] for j, i in enumerate(sorted(updated))}
 
@@ -110,9 +111,9 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
     else:
         seq.insert(g, (0, first[0], False))
     offsets = [rng.random() for _ in range(n_events - 1)]
-    intros = [rng.randrange(len(c.FACT_INTROS)) for _ in seq]
-    acks = [rng.randrange(len(c.FACT_ACKS)) for _ in seq]
-    stream_start = c.start_stream(rng, params.haystack)
+    intros = [rng.randrange(len(FACT_INTROS)) for _ in seq]
+    acks = [rng.randrange(len(FACT_ACKS)) for _ in seq]
+    stream = kit.start_stream(rng, params.haystack)
     ck_rng = random.Random(rng.getrandbits(64))
 
     def fact(i: int, v: str) -> str:
@@ -120,9 +121,9 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
 
     items = []
     for (i, v, upd), a, b in zip(seq, intros, acks):
-        intro = c.UPDATE_INTROS[a % len(c.UPDATE_INTROS)] if upd else c.FACT_INTROS[a]
-        ack = c.UPDATE_ACKS[b % len(c.UPDATE_ACKS)] if upd else c.FACT_ACKS[b]
-        items.append(c.Item(((f"{intro} {fact(i, v)}", "user"), (ack, "assistant")), key=(i, v)))
+        intro = UPDATE_INTROS[a % len(UPDATE_INTROS)] if upd else FACT_INTROS[a]
+        ack = UPDATE_ACKS[b % len(UPDATE_ACKS)] if upd else FACT_ACKS[b]
+        items.append(kit.Item(f"{intro} {fact(i, v)}", reply=ack))
 
     def question(i: int) -> tuple[str, str]:
         return f"What is the {attr} for {noun} {keys[i]}?", f"The {attr} for {noun} {keys[i]} is"
@@ -135,41 +136,31 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
         alike = [v for k, v, _ in seen
                  if k != i and kind == "lookalike" and i == 0 and k <= params.lookalike]
         rest = [v for k, v, _ in seen if k != i]
-        return c.candidates(gold, own + alike + rest, params.n_candidates, lambda n: [])
+        return kit.candidates(gold, own + alike + rest, params.n_candidates, lambda n: [])
 
-    pieces = c.Pieces(tokenizer, chat=True)
     text, prefix = question(0)
-    dummy = [Segment("x", "user"), Segment("x", "assistant")]
-    q_tokens = pieces.question_tokens(dummy, text, prefix)
-    built = c.fit_layout(pieces=pieces, items=items, target=g, depth=depth, length=length,
-                        q_tokens=q_tokens, offsets=offsets, block=False,
-                        stream_factory=lambda: stream_start,
-                        what="fact turns and question" if load > 1 else "fact turn and question",
-                        load=load, chunk=params.chunk_tokens)
-    final = c.QSpec(item=g, text=text, prefix=prefix, gold=(seq[g][1],),
+    final = kit.Ask(item=g, text=text, prefix=prefix, gold=(seq[g][1],),
                     candidates=cands(0, seq[g][1], len(seq)), kind=kind)
-    qspecs = _checkpoints(params.checkpoints, pieces, built, seq, ck_rng, question, cands) + [final]
-    extra = c.haystack_extra(built.stream)
-    extra.update(kind=kind, value_kind=params.value_kind, updates=len(updated),
-                 turns=len(built.context), checkpoints=params.checkpoints)
-    probe = c.finish_probe(task=task, version=version, tokenizer=tokenizer, pieces=pieces,
-                           built=built, qspecs=qspecs, length=length, depth=depth, load=load,
-                           seed=seed, extra=extra)
-    return c.check_length(probe, length)
+    return kit.assemble(
+        task=task, version=version, tokenizer=tokenizer, length=length, depth=depth, load=load,
+        seed=seed, items=items, questions=[final], stream=stream, offsets=offsets, chat=True,
+        chunk=params.chunk_tokens,
+        checkpoints=lambda layout: _checkpoints(params.checkpoints, layout, seq, ck_rng,
+                                                question, cands),
+        extra=dict(kind=kind, value_kind=params.value_kind, updates=len(updated),
+                   checkpoints=params.checkpoints))
 
 
-def _checkpoints(k: int, pieces: Any, built: Any, seq: list, rng: random.Random,
-                 question: Any, cands: Any) -> list:
+def _checkpoints(k: int, layout: kit.Layout, seq: list, rng: random.Random,
+                 question: Callable, cands: Callable) -> list[kit.Ask]:
     """k questions after assistant turns spread evenly through the conversation. Each asks
     a fact already stated, and gold is its value at that time."""
     if k == 0:
         return []
-    ctx = built.context
-    ends, acc = [], 0  # token end of each segment
-    for j, seg in enumerate(ctx):
-        acc += pieces.seg_tokens(ctx[:j], seg)
-        ends.append(acc)
-    first_fact_end = built.item_seg[0] + 2  # after the first fact's acknowledgement
+    ctx = layout.context
+    ends = layout.segment_ends()
+    acc = ends[-1]
+    first_fact_end = layout.item_seg[0] + 2  # after the first fact's acknowledgement
     slots = [a for a in range(first_fact_end, len(ctx) + 1, 2)
              if a < len(ctx) and ctx[a - 1].role == "assistant"]
     if len(slots) < k:
@@ -182,14 +173,14 @@ def _checkpoints(k: int, pieces: Any, built: Any, seq: list, rng: random.Random,
         chosen.append(min(free, key=lambda a: (abs(ends[a - 1] - goal), a)))
     out = []
     for a in sorted(chosen):
-        stated = [e for e, s in enumerate(built.item_seg) if s + 2 <= a]
+        stated = [e for e, s in enumerate(layout.item_seg) if s + 2 <= a]
         keys = sorted({seq[e][0] for e in stated})
         i = keys[rng.randrange(len(keys))]
         last = max(e for e in stated if seq[e][0] == i)
         n_said = sum(1 for e in stated if seq[e][0] == i)
         text, prefix = question(i)
         gold = seq[last][1]
-        out.append(c.QSpec(item=last, text=text, prefix=prefix, gold=(gold,),
+        out.append(kit.Ask(item=last, text=text, prefix=prefix, gold=(gold,),
                            candidates=cands(i, gold, len(stated)),
                            kind="latest" if n_said > 1 else "recall", after_segment=a))
     return out

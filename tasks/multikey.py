@@ -33,7 +33,7 @@ Variants, all set in params:
 - placement: "spread" scatters the facts through the haystack at seeded random positions.
   "block" puts them all in one run around the asked fact.
 candidates = gold[0], then the look-alike keys' values, the other keys' values, and fresh
-values. Lengths, depth and stop conventions: see evalkit.tasks.common.
+values. Lengths, depth and stop conventions: see evalkit.probes.
 """
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evalkit import probes as kit
 from evalkit.probe import Probe
-from evalkit.tasks import common as c
+from evalkit.probes.words import DOMAINS
 
 
 class Params(BaseModel):
@@ -60,7 +61,8 @@ class Params(BaseModel):
     n_candidates: int = Field(default=5, ge=1)
 
 
-def _keys(rng: random.Random, params: Params, load: int, n_asked: int) -> tuple[list[str], list[int]]:
+def _keys(rng: random.Random, params: Params, load: int,
+          n_asked: int) -> tuple[list[str], list[int]]:
     """load distinct keys. Keys 0..n_asked-1 are asked. Each asked key gets `lookalike`
     look-alike keys right after it. Returns (keys, family), where family[i] is the index of
     the asked key that key i looks like, or -1."""
@@ -71,7 +73,7 @@ def _keys(rng: random.Random, params: Params, load: int, n_asked: int) -> tuple[
     def fresh_key() -> str:
         while True:
             k = (str(rng.randrange(1, 10000)) if params.style == "natural"
-                 else c.pseudo_word(rng, 2))
+                 else kit.pseudo_word(rng, 2))
             if k not in used:
                 used.add(k)
                 return k
@@ -81,8 +83,8 @@ def _keys(rng: random.Random, params: Params, load: int, n_asked: int) -> tuple[
     family.extend(range(n_asked))
     for i, k in enumerate(asked):
         for _ in range(params.lookalike):
-            keys.append(c.lookalike_numbers(rng, k, 1, used)[0] if params.style == "natural"
-                        else c.lookalike_word(rng, k, used))
+            keys.append(kit.lookalike_numbers(rng, k, 1, used)[0] if params.style == "natural"
+                        else kit.lookalike_word(rng, k, used))
             family.append(i)
     while len(keys) < load:
         keys.append(fresh_key())
@@ -92,19 +94,19 @@ def _keys(rng: random.Random, params: Params, load: int, n_asked: int) -> tuple[
 
 def generate(params: Params, *, task: str, version: str, tokenizer: Any, length: int,
              depth: float, load: int, seed: int) -> Probe:
-    c.check_grid_point(length, depth, load)
+    kit.check_grid_point(length, depth, load)
     need = params.queries * (1 + params.lookalike)
     if load < need:
         raise ValueError(f"load={load} is too small: params.queries={params.queries} asked keys "
                          f"with params.lookalike={params.lookalike} look-alikes each need at "
                          f"least {need} facts")
     rng = random.Random(seed)
-    attr, plural, noun = rng.choice(c.DOMAINS)
+    attr, plural, noun = rng.choice(DOMAINS)
     keys, family = _keys(rng, params, load, params.queries)
     vpk = params.values_per_key
-    flat = c.make_values(rng, params.value_kind, load * vpk, params.digits)
+    flat = kit.make_values(rng, params.value_kind, load * vpk, params.digits)
     values = [flat[i * vpk:(i + 1) * vpk] for i in range(load)]
-    stream_start = c.start_stream(rng, params.haystack)
+    stream = kit.start_stream(rng, params.haystack)
     offsets = [rng.random() for _ in range(load - 1)]
     others = [i for i in range(load) if i != 0]
     rng.shuffle(others)
@@ -129,15 +131,12 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
             return f"What is the {attr} for {name(i)}?", f"The {attr} for {name(i)} is"
         return f"What are the {plural} for {name(i)}?", f"The {plural} for {name(i)} are"
 
-    # Key 0 sits at the requested depth, after round(depth * (load - 1)) of the other facts.
-    n_before = round(depth * (load - 1))
-    order = others[:n_before] + [0] + others[n_before:]
-    items = [c.Item(((fact(i), None),), key=i) for i in order]
-    target = order.index(0)
+    order = kit.depth_order(depth, 0, others)  # key 0 is asked last, at `depth`
+    items = [kit.Item(fact(i)) for i in order]
 
     def fresh(n: int) -> list[str]:
-        return c.make_values(random.Random(fresh_rng.random()), params.value_kind, n,
-                             params.digits, avoid=flat)
+        return kit.make_values(random.Random(fresh_rng.random()), params.value_kind, n,
+                               params.digits, avoid=flat)
 
     def distractors(i: int) -> list[str]:
         alike = [values[j][0] for j in range(load) if j != i and family[j] == i]
@@ -158,31 +157,22 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
             text, prefix = f"What are the values of {listed}?", f"The values of {listed} are"
         else:
             text, prefix = f"What are the {plural} for {listed}?", f"The {plural} for {listed} are"
-        qspecs = [c.QSpec(item=target, text=text, prefix=prefix, gold=gold,
-                          candidates=c.candidates(gold[0], distractors(asked[0]),
+        asks = [kit.Ask(item=order.index(0), text=text, prefix=prefix, gold=gold,
+                        candidates=kit.candidates(gold[0], distractors(asked[0]),
                                                   params.n_candidates, fresh),
-                          kind="multi")]
+                        kind="multi")]
     else:
-        qspecs = []
+        asks = []
         for i in asked:
             text, prefix = question(i)
-            qspecs.append(c.QSpec(item=order.index(i), text=text, prefix=prefix,
-                                  gold=tuple(values[i]),
-                                  candidates=c.candidates(values[i][0], distractors(i),
+            asks.append(kit.Ask(item=order.index(i), text=text, prefix=prefix,
+                                gold=tuple(values[i]),
+                                candidates=kit.candidates(values[i][0], distractors(i),
                                                           params.n_candidates, fresh),
-                                  kind=kind_of(i)))
-    pieces = c.Pieces(tokenizer, chat=False)
-    last = qspecs[-1]
-    q_tokens = pieces.question_tokens([c.Segment("x")], last.text, last.prefix)
-    built = c.fit_layout(pieces=pieces, items=items, target=target, depth=depth, length=length,
-                        q_tokens=q_tokens, offsets=offsets, block=params.placement == "block",
-                        stream_factory=lambda: stream_start,
-                        what="fact and question" if load == 1 else "question", load=load)
-    extra = c.haystack_extra(built.stream, params.placement)
-    extra.update(style=params.style, value_kind=params.value_kind, values_per_key=vpk,
-                 lookalike=params.lookalike, queries=params.queries,
-                 query_mode=params.query_mode)
-    probe = c.finish_probe(task=task, version=version, tokenizer=tokenizer, pieces=pieces,
-                           built=built, qspecs=qspecs, length=length, depth=depth, load=load,
-                           seed=seed, extra=extra)
-    return c.check_length(probe, length)
+                                kind=kind_of(i)))
+    return kit.assemble(task=task, version=version, tokenizer=tokenizer, length=length,
+                        depth=depth, load=load, seed=seed, items=items, questions=asks,
+                        stream=stream, offsets=offsets, block=params.placement == "block",
+                        extra=dict(style=params.style, value_kind=params.value_kind,
+                                   values_per_key=vpk, lookalike=params.lookalike,
+                                   queries=params.queries, query_mode=params.query_mode))

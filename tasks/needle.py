@@ -27,7 +27,7 @@ The answer prefix restates the fact's own wording up to the value, so a pure cop
 - value_kind: "number" (`digits` digits), "word" (a noun absent from the prose), "uuid", or
   "phrase" (`words` distinct common prose words in random order: a long verbatim copy, the recall
   that a fixed state loses first, cf. Jelassi et al. 2024, "Repeat After Me").
-Lengths, depth and stop conventions: see evalkit.tasks.common.
+Lengths, depth and stop conventions: see evalkit.probes.
 """
 from __future__ import annotations
 
@@ -36,8 +36,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evalkit import probes as kit
 from evalkit.probe import Probe
-from evalkit.tasks import common as c
+from evalkit.probes.words import CITIES
 
 KIND_NOUN = {"number": "number", "word": "word", "uuid": "UUID", "phrase": "phrase"}
 
@@ -54,50 +55,35 @@ class Params(BaseModel):
 
 def generate(params: Params, *, task: str, version: str, tokenizer: Any, length: int,
              depth: float, load: int, seed: int) -> Probe:
-    c.check_grid_point(length, depth, load)
-    if load > len(c.CITIES):
-        raise ValueError(f"load={load}: at most {len(c.CITIES)} needles (one key each)")
+    kit.check_grid_point(length, depth, load)
+    if load > len(CITIES):
+        raise ValueError(f"load={load}: at most {len(CITIES)} needles (one key each)")
     if params.queries > load:
         raise ValueError(f"load={load} is too small: params.queries={params.queries} asked "
                          f"needles need at least {params.queries} needles")
     rng = random.Random(seed)
-    keys = rng.sample(c.CITIES, load)
-    values = c.make_values(rng, params.value_kind, load, params.digits, words=params.words)
-    stream_start = c.start_stream(rng, params.haystack)
+    keys = rng.sample(CITIES, load)
+    values = kit.make_values(rng, params.value_kind, load, params.digits, words=params.words)
+    stream = kit.start_stream(rng, params.haystack)
     offsets = [rng.random() for _ in range(load - 1)]
     asked_others = rng.sample(range(1, load), params.queries - 1)
     fresh_rng = random.Random(rng.getrandbits(64))
 
     noun = KIND_NOUN[params.value_kind]
-    # Needle 0 is the one at the requested depth; it goes in at position round(depth * others).
-    n_before = round(depth * (load - 1))
-    order = list(range(1, n_before + 1)) + [0] + list(range(n_before + 1, load))
-    items = [c.Item(((f"The special magic {noun} for {keys[i]} is {values[i]}.", None),), key=i)
-             for i in order]
-    target = order.index(0)
+    order = kit.depth_order(depth, 0, range(1, load))  # needle 0 is asked last, at `depth`
+    items = [kit.Item(f"The special magic {noun} for {keys[i]} is {values[i]}.") for i in order]
 
     def fresh(n: int) -> list[str]:
-        return c.make_values(random.Random(fresh_rng.random()), params.value_kind, n,
-                             params.digits, avoid=values, words=params.words)
+        return kit.make_values(random.Random(fresh_rng.random()), params.value_kind, n,
+                               params.digits, avoid=values, words=params.words)
 
-    def qspec(i: int) -> c.QSpec:
+    def ask(i: int) -> kit.Ask:
         others = [values[j] for j in rng.sample(range(load), load) if j != i]
-        return c.QSpec(item=order.index(i), text=f"What is the special magic {noun} for {keys[i]}?",
+        return kit.Ask(item=order.index(i), text=f"What is the special magic {noun} for {keys[i]}?",
                        prefix=f"The special magic {noun} for {keys[i]} is", gold=(values[i],),
-                       candidates=c.candidates(values[i], others, params.n_candidates, fresh))
+                       candidates=kit.candidates(values[i], others, params.n_candidates, fresh))
 
-    qspecs = [qspec(i) for i in asked_others] + [qspec(0)]
-    pieces = c.Pieces(tokenizer, chat=False)
-    last = qspecs[-1]
-    q_tokens = pieces.question_tokens([c.Segment("x")], last.text, last.prefix)
-    built = c.fit_layout(pieces=pieces, items=items, target=target, depth=depth, length=length,
-                        q_tokens=q_tokens, offsets=offsets, block=False,
-                        stream_factory=lambda: stream_start,
-                        what="needles and question" if load > 1 else "needle and question",
-                        load=load)
-    extra = c.haystack_extra(built.stream)
-    extra["value_kind"] = params.value_kind
-    probe = c.finish_probe(task=task, version=version, tokenizer=tokenizer, pieces=pieces,
-                           built=built, qspecs=qspecs, length=length, depth=depth, load=load,
-                           seed=seed, extra=extra)
-    return c.check_length(probe, length)
+    return kit.assemble(task=task, version=version, tokenizer=tokenizer, length=length,
+                        depth=depth, load=load, seed=seed, items=items,
+                        questions=[ask(i) for i in asked_others] + [ask(0)], stream=stream,
+                        offsets=offsets, extra={"value_kind": params.value_kind})

@@ -43,4 +43,4 @@ def check_measured(probe: Any, tokenizer: Any) -> None:
         assert len(prompt_ids(probe, tokenizer, qi)) == ctx_tokens + len(r.questions[qi])
         assert q.candidates[0] == q.gold[0] and len(set(q.candidates)) == len(q.candidates)
         for v in q.gold:
-            assert not set(v) & set(".,\n"), v  # the stop convention of evalkit.tasks.common
+            assert not set(v) & set(".,\n"), v  # the stop convention of evalkit.probes

@@ -120,6 +120,17 @@ def test_without_a_chat_template_turns_render_as_role_lines():
     assert "user: " in tok.decode(prompt_ids(p, tok))
 
 
+def test_a_template_that_is_not_turn_local_is_a_clear_error():
+    # Turn pieces are rendered from a window of the conversation; a template whose turns depend
+    # on their absolute position cannot be split into pieces, and says so instead of measuring
+    # a prompt that the model would not see.
+    tok = load_tokenizer(TINY_TOKENIZER)
+    tok.chat_template = ("{% for m in messages %}[{{ loop.index }}] {{ m['content'] }}\n"
+                         "{% endfor %}{% if add_generation_prompt %}>{% endif %}")
+    with pytest.raises(ValueError, match="renders a turn differently after other turns"):
+        gen(conversation, tok, length=512, load=3, seed=6)
+
+
 def test_pure_function_of_params_seed_and_tokenizer(tiny_tokenizer):
     a = gen(conversation, tiny_tokenizer, length=1024, depth=0.5, load=4, seed=8, checkpoints=1)
     b = gen(conversation, tiny_tokenizer, length=1024, depth=0.5, load=4, seed=8, checkpoints=1)
@@ -132,7 +143,7 @@ def test_pure_function_of_params_seed_and_tokenizer(tiny_tokenizer):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(length=20, load=1, kinds=("recall",), updates=0),
-     r"length=20 is too short: the fact turn and question alone take \d+ tokens"),
+     r"length=20 is too short: the fact and question alone take \d+ tokens"),
     (dict(length=256, load=40, updates=0), r"load=40 facts need at least \d+ tokens .* length=256"),
     (dict(depth=1.01, load=3), r"depth=1\.01 outside \[0, 1\]"),
     (dict(load=2, lookalike=2), r"load=2 is too small: kind 'lookalike' with params\.lookalike=2"),

@@ -10,11 +10,14 @@ import pytest
 
 from evalkit.render import render
 from evalkit.taskspec import discover
-from evalkit.tasks import common, needle
+from evalkit.probes import fit, haystack, values
+from evalkit.tasks import needle
 from evalkit.tokenization import tokenizer_hash
 
 from helpers import REPO, TINY_TOKENIZER
 from tasks_support import check_measured, gen, smollm2_tokenizer
+
+DATA = REPO / "evalkit" / "probes" / "data"
 
 
 def fact_segment(probe, q, tokenizer):
@@ -91,14 +94,14 @@ def test_answer_prefix_restates_the_fact(tiny_tokenizer):
         assert q.text == "What is t" + q.answer_prefix[1:-3] + "?"  # "The ... is" -> "What is the ...?"
         assert f" {q.answer_prefix} {q.gold[0]}." in " ".join(s.text for s in p.context)
     word = gen(needle, tiny_tokenizer, length=512, seed=4, value_kind="word").questions[0].gold[0]
-    assert word not in (REPO / "tasks" / "data" / "alice.txt").read_text().lower()
+    assert word not in (DATA / "alice.txt").read_text().lower()
 
 
 def test_phrase_values_are_random_sequences_of_distinct_prose_words(tiny_tokenizer):
     p = gen(needle, tiny_tokenizer, length=1024, seed=8, value_kind="phrase", words=12, load=3)
     q = p.questions[-1]
     words = q.gold[0].split(" ")
-    assert len(words) == len(set(words)) == 12 and set(words) <= set(common.phrase_words())
+    assert len(words) == len(set(words)) == 12 and set(words) <= set(values.phrase_words())
     assert len(set(q.candidates)) == len(q.candidates) and q.gold[0] in q.candidates
     assert all(len(c.split(" ")) == 12 for c in q.candidates)
 
@@ -116,7 +119,7 @@ def test_pure_function_of_params_seed_and_tokenizer(tiny_tokenizer):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(length=20), r"length=20 is too short: the needle and question alone take \d+ tokens"),
+    (dict(length=20), r"length=20 is too short: the fact and question alone take \d+ tokens"),
     (dict(length=60, load=3), r"load=3 facts need at least \d+ tokens .* but length=60"),
     (dict(depth=1.5), r"depth=1\.5 outside \[0, 1\]"),
     (dict(depth=-0.01), r"depth=-0\.01 outside \[0, 1\]"),
@@ -160,13 +163,13 @@ def test_builtin_task_files_load_and_generate(tiny_tokenizer):
 
 
 def test_haystack_text_is_the_public_domain_book_without_boilerplate():
-    text = (REPO / "tasks" / "data" / "alice.txt").read_text()
+    text = (DATA / "alice.txt").read_text()
     assert text.startswith("CHAPTER I. Down the Rabbit-Hole") and text.rstrip().endswith("THE END")
     assert "gutenberg" not in text.lower() and "license" not in text.lower()
-    assert "public domain" in (REPO / "tasks" / "data" / "LICENSE.md").read_text()
-    hay = common.haystack("prose")
+    assert "public domain" in (DATA / "LICENSE.md").read_text()
+    hay = haystack.builtin_haystack("prose")
     assert len(hay.words) > 25000 and hay.sentence_starts[0] == 0
-    assert common.haystack("filler").words[:4] == ("The", "grass", "is", "green.")
+    assert haystack.builtin_haystack("filler").words[:4] == ("The", "grass", "is", "green.")
 
 
 def test_tiny_tokenizer_build_is_reproducible():
@@ -181,13 +184,13 @@ def test_tiny_tokenizer_build_is_reproducible():
 def test_fitting_without_token_offsets(tiny_tokenizer, monkeypatch):
     # Slow (non-fast) tokenizers give no offsets and no backend: fitting then uses real counts
     # only, and must be just as exact.
-    real_init = common.Pieces.__init__
+    real_init = fit.Meter.__init__
 
     def no_backend(self, tokenizer, chat):
         real_init(self, tokenizer, chat)
         self._backend = None
 
-    monkeypatch.setattr(common.Pieces, "__init__", no_backend)
+    monkeypatch.setattr(fit.Meter, "__init__", no_backend)
     for length, depth in [(300, 0.0), (2000, 0.4), (3000, 1.0)]:
         p = gen(needle, tiny_tokenizer, length=length, depth=depth, load=2, seed=6)
         check_measured(p, tiny_tokenizer)

@@ -15,7 +15,7 @@ task: recipes2
 version: "3"
 generator: recipe_probe:generate
 include_path: ["{inc}"]
-params: {{tolerance: 6}}
+params: {{n_candidates: 4}}
 defaults: {{lengths: [256], depths: [0.5], loads: [1], samples: 2}}
 """
 
@@ -35,21 +35,21 @@ def good(tmp_path, **repl) -> str:
 
 def test_custom_probe_loads_and_generates(tiny_tokenizer, tmp_path):
     spec = load_spec(write(tmp_path, good(tmp_path)))
-    assert spec.name == "recipes2" and spec.params.tolerance == 6
+    assert spec.name == "recipes2" and spec.params.n_candidates == 4
     pts = grid(spec, seed=1)
     assert len(pts) == 2 and pts[0].seed != pts[1].seed
     probe = spec.generator(spec.params, task=spec.name, version=spec.version,
                            tokenizer=tiny_tokenizer, length=256, depth=0.5, load=1,
                            seed=pts[0].seed)
-    assert abs(probe.meta.actual_length - 256) <= 6
+    assert abs(probe.meta.actual_length - 256) <= probe.meta.tolerance
     # Seeds are derived, so the same grid point always gives the same probe.
     assert grid(spec, seed=1) == pts and grid(spec, seed=2) != pts
 
 
 @pytest.mark.parametrize("edit, message", [
     (("version: \"3\"", "version: \"3\"\ncolour: red"), "unknown key 'colour'"),
-    (("{tolerance: 6}", "{tolerance: 6, spice: hot}"), "unknown key 'params.spice'"),
-    (("{tolerance: 6}", "{tolerance: many}"), "key 'params.tolerance'.*integer"),
+    (("{n_candidates: 4}", "{n_candidates: 4, spice: hot}"), "unknown key 'params.spice'"),
+    (("{n_candidates: 4}", "{n_candidates: many}"), "key 'params.n_candidates'.*integer"),
     (("samples: 2", "samples: 0"), "key 'defaults.samples'.*greater than or equal to 1"),
     (("depths: [0.5]", "depths: [1.5]"), r"key 'defaults.depths'.*\[0, 1\]"),
     (("generator: recipe_probe:generate", "generator: nowhere_mod:generate"),
@@ -106,9 +106,9 @@ def test_cli_tasks_validate_generate(tmp_path, capsys):
     assert "recipes" in capsys.readouterr().out
     assert main(["validate", str(PROBES)]) == 0
     assert "ok" in capsys.readouterr().out
-    bad = write(tmp_path, good(tmp_path, **{"{tolerance: 6}": "{tolerance: -1}"}))
+    bad = write(tmp_path, good(tmp_path, **{"{n_candidates: 4}": "{n_candidates: 0}"}))
     assert main(["validate", str(bad)]) == 1
-    assert "params.tolerance" in capsys.readouterr().out
+    assert "params.n_candidates" in capsys.readouterr().out
     out = tmp_path / "p.jsonl"
     assert main(["generate", "recipes", "--include", str(PROBES), "--lengths", "256",
                  "--depths", "0,1", "--tokenizer", str(TINY_TOKENIZER), "--out", str(out),

@@ -14,6 +14,7 @@ COMMANDS = {
     "state": "evalkit.cli.state",
     "run": "evalkit.cli.run",
     "publish": "evalkit.cli.publish",
+    "compare": "evalkit.cli.compare",
     "train-tiny": "evalkit.cli.train",
     "lm-eval-export": "evalkit.lm_eval_tasks",
 }

@@ -1,7 +1,8 @@
 """`evalkit publish RUN_DIR... --to DIR`: tables, CSV/JSON and plots from finished runs."""
 from __future__ import annotations
 
-from evalkit.leaderboard.derived import DEFAULT_BOOTSTRAP, DEFAULT_THRESHOLD
+from evalkit.bootstrap import DEFAULT_BOOTSTRAP
+from evalkit.leaderboard.derived import DEFAULT_THRESHOLD
 
 
 def add_parser(sub) -> None:
@@ -22,6 +23,9 @@ def add_parser(sub) -> None:
     p.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
                    help=f"paired bootstrap resamples per gap cell (default {DEFAULT_BOOTSTRAP})")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--compare", action="append", default=[], metavar="DIR",
+                   help="a drift report folder from `evalkit compare` to include "
+                        "(repeatable): a README section, drift.json and drift.csv")
     p.set_defaults(func=run)
 
 
@@ -30,7 +34,7 @@ def run(args) -> int:
 
     opts = Options(threshold=args.threshold, primary_metric=args.primary_metric,
                    gap_pairs=tuple(args.gap), n_boot=args.bootstrap, seed=args.seed)
-    res = publish(args.runs, args.to, opts)
+    res = publish(args.runs, args.to, opts, compare=args.compare)
     b = res.board
     print(f"published {len(b.rows)} rows ({b.samples['model_label'].nunique()} models, "
           f"{len(b.tasks)} tasks, {len(b.merged.runs)} runs) to {res.path}: "

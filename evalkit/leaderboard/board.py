@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from evalkit.bootstrap import check_resamples
 from evalkit.leaderboard import derived
 from evalkit.leaderboard.load import Run
 from evalkit.leaderboard.merge import Merged, merge_runs
@@ -25,8 +26,7 @@ class Options:
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"--threshold must be in (0, 1], got {self.threshold}")
-        if self.n_boot < 100:
-            raise ValueError(f"--bootstrap must be at least 100 resamples, got {self.n_boot}")
+        check_resamples(self.n_boot)
 
 
 @dataclass

@@ -5,17 +5,16 @@ Every definition here is restated in the leaderboard README's "How to read" sect
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
+from evalkit.bootstrap import DEFAULT_BOOTSTRAP, paired_bootstrap, seed_for
 from evalkit.leaderboard.tables import ROW_ID, aggregate
 
 DEFAULT_THRESHOLD = 0.85   # RULER's bar is 85.6 (Llama-2-7B at 4K); we round to 0.85
 KNEE_LEVEL = 0.5           # capacity knee: where recall falls to 50 %
-DEFAULT_BOOTSTRAP = 2000
 BASELINE_KINDS = ("kv", "kv-window")
 SUBJECT_KINDS = ("recurrent",)
 REFERENCE_PAIR = ("oracle", "forgetful")  # unbounded vs. bounded memory: a sanity pair
@@ -107,28 +106,6 @@ def add_recall_per_byte(by_len: pd.DataFrame) -> pd.DataFrame:
 
 # -- paired bootstrap gaps ------------------------------------------------------------------
 
-def _seed_for(seed: int, *key: object) -> int:
-    digest = hashlib.sha256(repr((seed,) + key).encode()).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
-def paired_bootstrap(diff: np.ndarray, n_boot: int = DEFAULT_BOOTSTRAP,
-                     seed: int = 0) -> tuple[float, float]:
-    """Percentile 95 % interval of the mean of paired differences: resample pairs with
-    replacement n_boot times."""
-    diff = np.asarray(diff, float)
-    if len(diff) == 0:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    chunk = max(1, min(n_boot, 4_000_000 // len(diff)))  # bound memory on big cells
-    means = []
-    for start in range(0, n_boot, chunk):
-        idx = rng.integers(0, len(diff), size=(min(chunk, n_boot - start), len(diff)))
-        means.append(diff[idx].mean(axis=1))
-    lo, hi = np.percentile(np.concatenate(means), [2.5, 97.5])
-    return float(lo), float(hi)
-
-
 def default_pairs(samples: pd.DataFrame) -> list[tuple[str, str]]:
     """(baseline, model) label pairs: every softmax baseline (kv, kv-window) against every
     recurrent model, plus oracle vs. forgetful when both are present."""
@@ -188,7 +165,7 @@ def gaps(samples: pd.DataFrame, pairs: Sequence[tuple[str, str]], by: Sequence[s
         for key, g in p.groupby(by, sort=True):
             key = key if isinstance(key, tuple) else (key,)
             d = (g["recall_base"] - g["recall_model"]).to_numpy()
-            lo, hi = paired_bootstrap(d, n_boot, _seed_for(seed, base, model, *key))
+            lo, hi = paired_bootstrap(d, n_boot, seed_for(seed, base, model, *key))
             out.append(dict(baseline=base, model=model, **dict(zip(by, key)),
                             n_pairs=len(d), baseline_recall=float(g["recall_base"].mean()),
                             model_recall=float(g["recall_model"].mean()),

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import pandas as pd
+
 from evalkit.leaderboard import plots as P
 from evalkit.leaderboard.board import Board, Options, build, records
 from evalkit.leaderboard.derived import KNEE_LEVEL
@@ -53,18 +55,23 @@ def check_target(target: Path) -> None:
 
 
 def publish(run_dirs: Sequence[str | os.PathLike], to: str | os.PathLike,
-            options: Options | None = None) -> Published:
+            options: Options | None = None,
+            compare: Sequence[str | os.PathLike] = ()) -> Published:
+    """`compare`: folders written by `evalkit compare`, shown as a drift section and table."""
+    from evalkit.compare import read_report  # not at the top: it reads runs through our load.py
+
     target = Path(os.path.abspath(to))  # normalized: "leaderboard/", "./x/../leaderboard"
     if target == Path(os.path.abspath(os.curdir)) or target.parent == target:
         raise ValueError(f"--to {to}: give a leaderboard folder, not the current or root folder")
     check_target(target)
     runs = [load_run(p) for p in expand_run_dirs(run_dirs)]  # fail before touching anything
     board = build(runs, options)
+    drift = [(str(d), read_report(d)) for d in compare]
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.new-"))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a leaderboard is for reading
-        files, skipped = write_board(board, tmp, [str(p) for p in run_dirs])
+        files, skipped = write_board(board, tmp, [str(p) for p in run_dirs], drift)
         _swap(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -86,8 +93,10 @@ def _swap(new: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def write_board(board: Board, out: Path, run_paths: Sequence[str]) -> tuple[list[Path], list[str]]:
+def write_board(board: Board, out: Path, run_paths: Sequence[str],
+                drift: Sequence[tuple[str, dict]] = ()) -> tuple[list[Path], list[str]]:
     from evalkit import __version__
+    from evalkit.compare import summary_rows, to_json
     from evalkit.leaderboard.readme import render
 
     files: list[Path] = []
@@ -131,8 +140,14 @@ def write_board(board: Board, out: Path, run_paths: Sequence[str]) -> tuple[list
         json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False, default=str) + "\n",
         encoding="utf-8")
     files.append(out / "results.json")
-    (out / "README.md").write_text(render(board, run_paths, sections, skipped, __version__),
-                                   encoding="utf-8")
+    if drift:
+        (out / "drift.json").write_text(to_json({"reports": [r for _, r in drift]}),
+                                        encoding="utf-8")
+        pd.DataFrame([r for _, rep in drift for r in summary_rows(rep)]).to_csv(
+            out / "drift.csv", index=False)
+        files += [out / "drift.json", out / "drift.csv"]
+    (out / "README.md").write_text(render(board, run_paths, sections, skipped, __version__,
+                                          drift), encoding="utf-8")
     files.append(out / "README.md")
     return files, skipped
 

@@ -61,7 +61,7 @@ def _len_header(lengths: list[int]) -> list[str]:
 
 
 def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[str, str]]],
-           skipped: Sequence[str], version: str) -> str:
+           skipped: Sequence[str], version: str, drift: Sequence[tuple[str, dict]] = ()) -> str:
     o = board.options
     bl = board.by_len
     runs = board.merged.runs
@@ -81,6 +81,8 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
         extra += f" --primary-metric {o.primary_metric}"
     for p in o.gap_pairs:
         extra += f" --gap {p}"
+    for folder, _ in drift:
+        extra += f" --compare {folder}"
     w(f"Reproduce: `evalkit publish {args} --to leaderboard/{extra}`\n")
 
     # -- recall by length -----------------------------------------------------------------
@@ -178,6 +180,9 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
         w(table(["baseline", "model", "task", "length (tok)", "pairs", "baseline recall",
                  "model recall", "gap [95 % CI]"], rows) + "\n")
 
+    if drift:
+        w(_drift(drift))
+
     # -- plots ----------------------------------------------------------------------------
     w("## Plots\n")
     for section, items in plots.items():
@@ -194,6 +199,17 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
                          seed=o.seed))
     w(_provenance(board, version))
     return "\n".join(out).rstrip() + "\n"
+
+
+def _drift(drift: Sequence[tuple[str, dict]]) -> str:
+    from evalkit.compare import summary_rows, summary_table
+
+    rows = [r for _, report in drift for r in summary_rows(report)]
+    return ("## Numerical drift\n\nThe same model on the same probes under different settings "
+            "(`evalkit compare`): recall over the pairs scored in both runs, delta = B - A with "
+            "a paired bootstrap 95 % interval, and |delta| of the gold answer's log-probability. "
+            "Every changed answer is in [drift.json](drift.json); one row per comparison and "
+            "task in [drift.csv](drift.csv).\n\n" + summary_table(rows))
 
 
 HOW_TO_READ = """## How to read
