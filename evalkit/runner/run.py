@@ -48,10 +48,6 @@ class RunOutcome:
     prefill: dict = field(default_factory=dict)
 
 
-def _state_kind(adapter: Any, identity: dict) -> str:
-    return str(getattr(adapter, "state_kind", "") or identity.get("state_kind", "") or "")
-
-
 def _generation_key(run: ModelRun) -> dict:
     return {"stop": list(run.stop), "max_new_tokens": run.max_new_tokens, "decoding": "greedy",
             "forced_choice": "sum-logprob, ' ' + candidate"}
@@ -80,7 +76,7 @@ class _Session:
         adapter = load_model(m.spec, **m.options)
         identity = provenance.jsonable(check_identity(dict(adapter.identity()), m.spec))
         mhash = provenance.identity_hash(identity, m.options)
-        kind = _state_kind(adapter, identity)
+        kind = str(adapter.state_kind)
         self.models[m.name] = {**identity, "hash": mhash, "spec": m.spec,
                                "options": provenance.jsonable(m.options), "state_kind": kind,
                                "max_length": getattr(adapter, "max_length", None)}

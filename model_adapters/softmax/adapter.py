@@ -24,7 +24,8 @@ class SoftmaxAdapter:
     def __init__(self, path: str | os.PathLike, *, name: str | None = None, device: str = "cpu",
                  dtype: Any = "fp32", trust_remote_code: bool = False, window: int | None = None,
                  kv_budget_bytes: int | None = None, match_state_of: str | None = None,
-                 sink: int = 0, max_length: int | None = None, prefill_chunk: int = 2048, score_batch: int = 32, score_batch_bytes: int = 2 << 30,
+                 sink: int = 0, max_length: int | None = None, prefill_chunk: int = 2048,
+                 score_batch: int = 32, score_batch_bytes: int = 2 << 30,
                  extra_identity: dict | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
