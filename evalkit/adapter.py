@@ -13,7 +13,7 @@ Ownership rules (the runner relies on them):
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Collection, Protocol, Sequence, runtime_checkable
 
 State = Any
 
@@ -25,6 +25,8 @@ class ModelAdapter(Protocol):
     # Longest prompt the model is evaluated at (its trained length), or None for no limit.
     # The runner flags longer probes instead of cutting them.
     max_length: int | None
+    # What the state is, for reports: "kv", "kv-window", "recurrent", "memory", ...
+    state_kind: str
 
     def prefill(self, token_ids: Sequence[int]) -> State: ...
 
@@ -43,8 +45,23 @@ class ModelAdapter(Protocol):
     def state_bytes(self, state: State) -> int: ...
 
     def identity(self) -> dict:
-        """What makes results from this model distinct: name, weights hash, dtype, backend..."""
+        """What makes results from this model distinct; see IDENTITY_KEYS."""
         ...
+
+
+# Every adapter's identity() carries these keys (hashes are SHA-256 hex digests); anything else
+# that changes results (dtype, device, backend, window, ...) goes beside them under its own name.
+# The runner hashes the whole dict, so an adapter must not put paths or timestamps in it.
+IDENTITY_KEYS = ("name", "kind", "weights_hash", "tokenizer_hash")
+
+
+def check_identity(identity: dict, model: str) -> dict:
+    """`identity` if it has every IDENTITY_KEYS entry; else a ValueError naming the missing ones."""
+    missing = [k for k in IDENTITY_KEYS if not identity.get(k)]
+    if missing:
+        raise ValueError(f"model {model!r}: identity() lacks {', '.join(missing)} "
+                         f"(every adapter reports {', '.join(IDENTITY_KEYS)})")
+    return identity
 
 
 def cut_at_stop(text: str, stop: Sequence[str] | None) -> tuple[str, bool]:
@@ -55,6 +72,31 @@ def cut_at_stop(text: str, stop: Sequence[str] | None) -> tuple[str, bool]:
     if not hits:
         return text, False
     return text[: min(hits)], True
+
+
+def greedy_generate(first: int | None, step: Callable[[int], int | None], *,
+                    decode: Callable[[list[int]], str], eos: Collection[int],
+                    max_new_tokens: int, stop: Sequence[str] | None = None) -> str:
+    """The greedy decoding loop every adapter shares.
+
+    `first` is the predicted first token and `step(token)` feeds one token and returns the next
+    prediction (None: the model has nothing to say). Ends at an end-of-sequence token, a stop
+    string (excluded from the text) or `max_new_tokens`; the last token is never fed, since
+    nothing reads its prediction.
+    """
+    out: list[int] = []
+    nxt = first
+    for i in range(int(max_new_tokens)):
+        if nxt is None or nxt in eos:
+            break
+        out.append(nxt)
+        if stop:
+            text, stopped = cut_at_stop(decode(out), stop)
+            if stopped:
+                return text
+        if i + 1 < max_new_tokens:
+            nxt = step(nxt)
+    return cut_at_stop(decode(out), stop)[0]
 
 
 def prefill_batch(model: ModelAdapter, batch: Sequence[Sequence[int]]) -> list[State]:

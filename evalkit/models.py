@@ -1,26 +1,34 @@
-"""`load_model(spec, **options)`: the one entry point from names or paths to adapters.
+"""Model declarations and the one way from a name, "name:PATH" or a path to an adapter.
 
-A model factory is registered under one or more names with `@MODELS.register("name")`;
-it is called as `factory(path_or_None, **options)` and returns a ModelAdapter. A spec is
-- a registered name ("oracle", "smollm2-135m", "recall-gla-tiny"), or
-- "name:PATH" (a registered loader applied to a checkpoint path, e.g. "gla:/ckpt/gla-340m"), or
-- a path to a checkpoint folder or .gguf file, whose loader is picked from its config.
+A model is declared once, by decorating its factory:
+
+    @register_model("oracle", kind="reference", state_kind="memory",
+                    description="ideal induction copier", describe=_describe)
+    def oracle(path: str | None, **options) -> ModelAdapter: ...
+
+The factory is called as `factory(path_or_None, **options)`. `describe(n_tokens) -> dict` gives
+`evalkit models` its numbers without loading weights (keys: parameters, state_bytes, dtype,
+and optionally max_length and note); a model without one is a path loader, listed as
+"NAME:PATH". `config` names a config.json that describes the architecture without weights
+(what `evalkit state NAME` reads).
+
+A spec is a registered name, "name:PATH" (a registered factory applied to a checkpoint path),
+or a path to a checkpoint folder or .gguf file, whose loader is picked from its config.
+Built-in models live in BUILTIN_MODULES and are imported on first lookup, so importing evalkit
+does not import torch or transformers.
 """
 from __future__ import annotations
 
 import importlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from evalkit.adapter import ModelAdapter
 from evalkit.registry import Registry
 
-MODELS: Registry[Callable[..., ModelAdapter]] = Registry("model")
-# Short descriptions for `evalkit models`: name -> dict(kind=..., path=...)
-MODEL_INFO: dict[str, dict[str, Any]] = {}
-
-# Modules that register built-in models on import. Each is imported lazily (heavy deps).
+DEFAULT_TOKENS = 8192
 BUILTIN_MODULES = (
     "evalkit.model_adapters.reference",
     "evalkit.model_adapters.gla_adapter",
@@ -28,21 +36,52 @@ BUILTIN_MODULES = (
     "evalkit.model_adapters.embedded",
 )
 
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    factory: Callable[..., ModelAdapter]
+    kind: str                    # adapter family: "softmax", "gla", "reference", ...
+    state_kind: str              # "kv", "kv-window", "recurrent", "memory", ...
+    description: str
+    describe: Callable[[int], dict] | None = None
+    config: Path | None = None
+
+
+MODELS: Registry[ModelInfo] = Registry("model")
+
+
+def register_model(name: str, *, kind: str, state_kind: str, description: str,
+                   describe: Callable[[int], dict] | None = None,
+                   config: str | Path | None = None) -> Callable:
+    """Decorator declaring `factory(path_or_None, **options)` as model `name`."""
+    def deco(factory: Callable[..., ModelAdapter]) -> Callable[..., ModelAdapter]:
+        info = ModelInfo(name, factory, kind, state_kind, description, describe,
+                         None if config is None else Path(config))
+        MODELS.add(name, info, origin=getattr(factory, "__module__", ""))
+        return factory
+    return deco
+
+
 _loaded = False
 
 
 def _load_builtins() -> None:
     global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for mod in BUILTIN_MODULES:
-        importlib.import_module(mod)
+    if not _loaded:
+        _loaded = True
+        for mod in BUILTIN_MODULES:
+            importlib.import_module(mod)
 
 
 def model_names() -> list[str]:
     _load_builtins()
     return MODELS.names()
+
+
+def model_info(name: str) -> ModelInfo:
+    _load_builtins()
+    return MODELS.get(name)
 
 
 def _loader_for_path(path: Path) -> str:
@@ -59,16 +98,41 @@ def _loader_for_path(path: Path) -> str:
     return "gla" if model_type == "gla" else "hf"
 
 
-def load_model(spec: str, **options: Any) -> ModelAdapter:
-    """Return an adapter for a registered name, "name:PATH", or a checkpoint path."""
+def resolve_spec(spec: str) -> tuple[ModelInfo, str | None]:
+    """(declaration, checkpoint path or None) for a name, "name:PATH" or a checkpoint path.
+    An unknown spec raises RegistryError (a KeyError) with close-match suggestions."""
     _load_builtins()
     if spec in MODELS:
-        return MODELS.get(spec)(None, **options)
+        return MODELS.get(spec), None
     name, sep, rest = spec.partition(":")
     if sep and name in MODELS:
-        return MODELS.get(name)(rest, **options)
+        return MODELS.get(name), rest
     path = Path(spec).expanduser()
     if path.exists():
-        return MODELS.get(_loader_for_path(path))(str(path), **options)
+        return MODELS.get(_loader_for_path(path)), str(path)
     MODELS.get(spec)  # raises with close-match suggestions
     raise AssertionError("unreachable")
+
+
+def load_model(spec: str, **options: Any) -> ModelAdapter:
+    """Return an adapter for a registered name, "name:PATH", or a checkpoint path."""
+    info, path = resolve_spec(spec)
+    return info.factory(path, **options)
+
+
+def describe_model(name: str, n_tokens: int = DEFAULT_TOKENS) -> dict:
+    """One `evalkit models` row for `name`, without loading weights; raises when the model's
+    describe function fails."""
+    info = model_info(name)
+    row: dict[str, Any] = {"name": name, "kind": info.kind, "parameters": None,
+                           "state_kind": info.state_kind, "state_bytes": None,
+                           "n_tokens": n_tokens, "dtype": None, "description": info.description}
+    if info.describe is None:
+        row["note"] = f"path loader: {name}:PATH"
+        return row
+    d = info.describe(n_tokens)
+    unknown = sorted(set(d) - {"parameters", "state_bytes", "dtype", "max_length", "note"})
+    if unknown:
+        raise ValueError(f"model {name!r}: describe() returned unknown keys {unknown}")
+    row.update(d)
+    return row

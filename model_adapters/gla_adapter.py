@@ -20,12 +20,14 @@ from typing import Any, Sequence
 
 import torch
 
-from evalkit.adapter import cut_at_stop
+from evalkit.adapter import greedy_generate
+from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
 from evalkit.model_adapters.gla.buckets import BucketedRunner, BucketSpec
-from evalkit.model_adapters.gla.checkpoint import load_checkpoint, weights_sha256
-from evalkit.model_adapters.gla.config import dtype_name, parse_dtype
+from evalkit.model_adapters.gla.checkpoint import load_checkpoint, weight_files
+from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.model import GLAState
-from evalkit.models import MODEL_INFO, MODELS
+from evalkit.model_adapters.weights import weights_hash
+from evalkit.models import register_model
 from evalkit.tokenization import load_tokenizer, tokenizer_hash
 
 LAPLACE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "models" / "laplace-3b.json"
@@ -88,7 +90,6 @@ class GLAAdapter:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.runner = BucketedRunner(self.model, self.buckets, compile=self.compiled, backend=backend,
                                      pad_id=pad, device=device)
-        self._weights_hash: str | None = None
 
     def _config_max_length(self) -> int | None:
         raw = json.loads((self.path / "config.json").read_text())
@@ -145,20 +146,16 @@ class GLAAdapter:
 
     def generate(self, state: GLASequence, max_new_tokens: int,
                  stop: Sequence[str] | None = None) -> str:
+        current = [state.state]  # _step never mutates a state, so `state` stays as it was
+
+        def step(tok: int) -> int:
+            logits, current[0] = self._step(tok, current[0])
+            return int(logits.argmax())
+
         eos = self.tokenizer.eos_token_id
-        logits, st, out = state.last_logits, state.state, []  # decode_step never mutates st
-        for i in range(max_new_tokens):
-            tok = int(logits.argmax())
-            if tok == eos:
-                break
-            out.append(tok)
-            if stop:
-                text, stopped = cut_at_stop(self.tokenizer.decode(out), stop)
-                if stopped:
-                    return text
-            if i + 1 < max_new_tokens:
-                logits, st = self._step(tok, st)
-        return cut_at_stop(self.tokenizer.decode(out), stop)[0]
+        return greedy_generate(int(state.last_logits.argmax()), step, decode=self.tokenizer.decode,
+                               eos=() if eos is None else (eos,), max_new_tokens=max_new_tokens,
+                               stop=stop)
 
     @torch.no_grad()
     def score(self, state: GLASequence, continuations: Sequence[Sequence[int]]) -> list[float]:
@@ -192,10 +189,8 @@ class GLAAdapter:
         return self.config.state_bytes(torch.float32)
 
     def identity(self) -> dict:
-        if self._weights_hash is None:
-            self._weights_hash = weights_sha256(self.path)
         return {"name": self.name, "kind": "gla", "state_kind": self.state_kind,
-                "weights_hash": self._weights_hash, "config_hash": self.config.config_hash(),
+                "weights_hash": weights_hash(weight_files(self.path)), "config_hash": self.config.config_hash(),
                 "tokenizer_hash": tokenizer_hash(self.tokenizer), "dtype": dtype_name(self.dtype),
                 "state_dtype": "fp32", "device": self.device_name, "backend":
                 f"{self.device_name}-compiled" if self.compiled else f"{self.device_name}-eager",
@@ -205,24 +200,34 @@ class GLAAdapter:
         return self.model.num_parameters()
 
 
-def _factory(name: str, config_path: Path | None = None):
-    def make(path: str | None, **options: Any) -> GLAAdapter:
-        if not path:
-            raise ValueError(f"{name}: needs a checkpoint folder, e.g. '{name}:/ckpt/gla-340m' "
-                             f"(config.json + model.safetensors + tokenizer files)")
-        known = set(inspect.signature(GLAAdapter.__init__).parameters) - {"self", "path"}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise TypeError(f"{name}: unknown options {unknown} (expected {', '.join(sorted(known))})")
-        options.setdefault("name", f"{name}:{Path(path).expanduser().name}")
-        return GLAAdapter(path, **options)
-    make.config_path = config_path  # what `evalkit state NAME` reads without weights
-    return make
+def describe_config(config: Path, state_dtype: str, max_length: int | None = None) -> dict:
+    """`evalkit models` figures of a GLA config, without weights."""
+    cfg = GLAConfig.from_json(config)
+    return {"parameters": cfg.param_count(), "state_bytes": cfg.state_bytes(state_dtype),
+            "dtype": dtype_name(state_dtype), "max_length": max_length}
 
 
-MODELS.add("gla", _factory("gla"), origin=__name__)
-MODELS.add("laplace", _factory("laplace", LAPLACE_CONFIG), origin=__name__)
-MODEL_INFO["gla"] = {"kind": "gla", "state_kind": "recurrent",
-                     "description": "fla-format GLA checkpoint (gla:PATH)"}
-MODEL_INFO["laplace"] = {"kind": "gla", "state_kind": "recurrent", "path": str(LAPLACE_CONFIG),
-                         "description": "Laplace 3B GLA reconstruction (laplace:PATH for weights)"}
+def _load(name: str, path: str | None, options: dict) -> GLAAdapter:
+    if not path:
+        raise ValueError(f"{name}: needs a checkpoint folder, e.g. '{name}:/ckpt/gla-340m' "
+                         f"(config.json + model.safetensors + tokenizer files)")
+    known = set(inspect.signature(GLAAdapter.__init__).parameters) - {"self", "path"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"{name}: unknown options {unknown} (expected {', '.join(sorted(known))})")
+    options.setdefault("name", f"{name}:{Path(path).expanduser().name}")
+    return GLAAdapter(path, **options)
+
+
+@register_model("gla", kind="gla", state_kind="recurrent",
+                description="fla-format GLA checkpoint (gla:PATH)")
+def load_gla(path: str | None, **options: Any) -> GLAAdapter:
+    return _load("gla", path, options)
+
+
+# The published figures of a 3B model count a bf16 state.
+@register_model("laplace", kind="gla", state_kind="recurrent", config=LAPLACE_CONFIG,
+                describe=lambda n_tokens: describe_config(LAPLACE_CONFIG, "bf16"),
+                description="Laplace 3B GLA reconstruction (laplace:PATH for weights)")
+def load_laplace(path: str | None, **options: Any) -> GLAAdapter:
+    return _load("laplace", path, options)

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from evalkit.adapter import cut_at_stop
-from evalkit.models import MODEL_INFO, MODELS
+from evalkit.adapter import greedy_generate
+from evalkit.models import register_model
 from evalkit.tokenization import load_tokenizer, tokenizer_hash
 
 DEFAULT_TOKENIZER = Path(__file__).resolve().parent / "tiny" / "tokenizer"
@@ -87,17 +87,17 @@ class InductionAdapter:
 
     def generate(self, state: MemoryState, max_new_tokens: int,
                  stop: Sequence[str] | None = None) -> str:
-        tail, out = list(state.tail), []
-        for _ in range(max_new_tokens):
-            nxt = self._predict(state.table, tail)
-            if nxt is None or nxt == self.tokenizer.eos_token_id:
-                break
-            out.append(nxt)
-            tail = (tail + [nxt])[-self.order:]
-            text, stopped = cut_at_stop(self.tokenizer.decode(out), stop)
-            if stopped:
-                return text
-        return cut_at_stop(self.tokenizer.decode(out), stop)[0]
+        tail = list(state.tail)
+
+        def step(tok: int) -> int | None:
+            tail.append(tok)
+            del tail[: -self.order]
+            return self._predict(state.table, tail)
+
+        eos = self.tokenizer.eos_token_id
+        return greedy_generate(self._predict(state.table, tail), step, decode=self.tokenizer.decode,
+                               eos=() if eos is None else (eos,), max_new_tokens=max_new_tokens,
+                               stop=stop)
 
     def score(self, state: MemoryState, continuations: Sequence[Sequence[int]]) -> list[float]:
         hit, miss = math.log(1 - _EPS), math.log(_EPS / (self.vocab_size - 1))
@@ -127,23 +127,33 @@ class InductionAdapter:
         return 0
 
 
-def _factory(name: str, default_capacity: int | None):
-    def make(path: str | None, *, tokenizer: str | None = None, order: int = 8,
-             capacity: int | None = default_capacity, max_length: int | None = None,
-             **unknown: Any) -> InductionAdapter:
-        if path:
-            raise ValueError(f"{name}: takes no checkpoint path (got {path!r})")
-        if unknown:
-            raise TypeError(f"{name}: unknown options {sorted(unknown)} "
-                            f"(expected tokenizer, order, capacity, max_length)")
-        tok = load_tokenizer(tokenizer or DEFAULT_TOKENIZER)
-        return InductionAdapter(name, tok, order=order, capacity=capacity, max_length=max_length)
-    return make
+def _make(name: str, path: str | None, tokenizer: str | None, order: int, capacity: int | None,
+          max_length: int | None, unknown: dict) -> InductionAdapter:
+    if path:
+        raise ValueError(f"{name}: takes no checkpoint path (got {path!r})")
+    if unknown:
+        raise TypeError(f"{name}: unknown options {sorted(unknown)} "
+                        f"(expected tokenizer, order, capacity, max_length)")
+    tok = load_tokenizer(tokenizer or DEFAULT_TOKENIZER)
+    return InductionAdapter(name, tok, order=order, capacity=capacity, max_length=max_length)
 
 
-MODELS.add("oracle", _factory("oracle", None), origin=__name__)
-MODELS.add("forgetful", _factory("forgetful", 4096), origin=__name__)
-MODEL_INFO["oracle"] = {"kind": "reference", "state_kind": "memory",
-                        "description": "ideal induction copier, unbounded memory"}
-MODEL_INFO["forgetful"] = {"kind": "reference", "state_kind": "memory",
-                           "description": "induction copier with a 4096-entry memory"}
+def _describe(n_tokens: int) -> dict:
+    return {"parameters": 0, "state_bytes": None, "max_length": None,
+            "note": "state size depends on content"}
+
+
+@register_model("oracle", kind="reference", state_kind="memory", describe=_describe,
+                description="ideal induction copier, unbounded memory")
+def oracle(path: str | None, *, tokenizer: str | None = None, order: int = 8,
+           capacity: int | None = None, max_length: int | None = None,
+           **unknown: Any) -> InductionAdapter:
+    return _make("oracle", path, tokenizer, order, capacity, max_length, unknown)
+
+
+@register_model("forgetful", kind="reference", state_kind="memory", describe=_describe,
+                description="induction copier with a 4096-entry memory")
+def forgetful(path: str | None, *, tokenizer: str | None = None, order: int = 8,
+              capacity: int | None = 4096, max_length: int | None = None,
+              **unknown: Any) -> InductionAdapter:
+    return _make("forgetful", path, tokenizer, order, capacity, max_length, unknown)

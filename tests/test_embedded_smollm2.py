@@ -14,7 +14,8 @@ import pytest
 
 from evalkit.model_adapters.embedded import (_MARKER, convert_gguf_once, converted_dir,
                                              smollm2_gguf_path)
-from evalkit.model_adapters.softmax import SoftmaxAdapter, describe_checkpoint, file_sha256
+from evalkit.model_adapters.softmax import SoftmaxAdapter, describe_checkpoint
+from evalkit.model_adapters.weights import file_sha256
 from evalkit.models import load_model
 from evalkit.tokenization import encode
 
@@ -69,7 +70,7 @@ def test_converted_once_and_reused(smol):
     assert marker.stat().st_mtime_ns == stamp  # not converted again
     ident = smol.identity()
     assert ident["gguf_sha256"] == meta["gguf_sha256"]
-    assert ident["weights_sha256"] == file_sha256(folder / "model.safetensors")
+    assert ident["weights_hash"] == file_sha256(folder / "model.safetensors")
     assert ident["name"] == "smollm2-135m" and ident["dtype"] == "fp32"
 
 
@@ -84,16 +85,16 @@ def test_facts(smol):
 
 
 def test_evalkit_models_lists_it_without_loading_weights(smol):
-    from evalkit import models_cmd
+    from evalkit.cli import models as models_cmd
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = models_cmd.run(argparse.Namespace(json=True, tokens=8192))
+        rc = models_cmd.run(argparse.Namespace(json=True, tokens=8192, plugins=[]))
     rows = {r["name"]: r for r in json.loads(out.getvalue())}
     assert rc == 0, [r for r in rows.values() if "error" in r]
     row = rows["smollm2-135m"]
     assert (row["parameters"], row["state_kind"], row["state_bytes"]) == (PARAMETERS, "kv", 377_487_360)
-    assert rows["hf"]["kind"] == "loader"
+    assert (rows["hf"]["kind"], rows["hf"]["note"]) == ("softmax", "path loader: hf:PATH")
     # before conversion `evalkit models` reads the GGUF header instead: same numbers
     d = describe_checkpoint(smollm2_gguf_path(), n_tokens=8192)
     assert (d["parameters"], d["state_bytes"], d["max_length"]) == (PARAMETERS, 377_487_360, 8192)
@@ -142,4 +143,4 @@ def test_gguf_file_loads_directly(smol):
     assert encode(direct.tokenizer, "The capital of France is") == ids
     torch.testing.assert_close(direct.prefill(ids).logits, smol.prefill(ids).logits,
                                rtol=1e-5, atol=1e-5)
-    assert direct.identity()["weights_sha256"] == file_sha256(smollm2_gguf_path())
+    assert direct.identity()["weights_hash"] == file_sha256(smollm2_gguf_path())

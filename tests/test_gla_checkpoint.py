@@ -1,6 +1,7 @@
 """fla-format checkpoints: every layout loads with identical logits; a wrong one lists its faults."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -8,7 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from evalkit.model_adapters.gla import CheckpointError, GLAConfig, GLAForCausalLM
-from evalkit.model_adapters.gla.checkpoint import load_checkpoint, save_checkpoint, weights_sha256
+from evalkit.model_adapters.gla.checkpoint import load_checkpoint, save_checkpoint, weight_files
+from evalkit.model_adapters.weights import weights_hash
 
 
 def tiny(**kw) -> GLAConfig:
@@ -133,4 +135,7 @@ def test_missing_files_and_shards(tmp_path):
     loaded, _ = load_checkpoint(tmp_path)
     with torch.no_grad():
         assert torch.equal(loaded(IDS), m(IDS))
-    assert len(weights_sha256(tmp_path)) == 64
+    # shards: the hash of the sorted "name:sha256" lines of the shard files
+    lines = "".join(f"{f}:{hashlib.sha256((tmp_path / f).read_bytes()).hexdigest()}\n"
+                    for f in sorted(parts))
+    assert weights_hash(weight_files(tmp_path)) == hashlib.sha256(lines.encode()).hexdigest()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from evalkit import state_cmd
+from evalkit.cli import state as state_cmd
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.model import GLAForCausalLM
 

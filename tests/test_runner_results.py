@@ -190,7 +190,7 @@ def test_shipped_suites_parse(name):
 def test_command_line_grid_flags_beat_per_task_overrides(tmp_path):
     import argparse
 
-    from evalkit.run_cmd import add_parser, build_suite
+    from evalkit.cli.run import add_parser, build_suite
 
     cfg = tmp_path / "s.yaml"
     cfg.write_text("models: [oracle]\ntasks: [{name: toy_recall, lengths: [1024], loads: [8]}]\n"

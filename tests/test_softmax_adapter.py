@@ -12,8 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from evalkit.model_adapters.softmax import (SoftmaxAdapter, describe_checkpoint, file_sha256,
-                                            matched_window)
+from evalkit.model_adapters.softmax import SoftmaxAdapter, describe_checkpoint, matched_window
+from evalkit.model_adapters.weights import file_sha256
 from evalkit.models import load_model
 from evalkit.tokenization import encode
 
@@ -205,8 +205,8 @@ def test_generate_stops_at_eos_and_stop_strings(tiny):
 def test_identity_hashes_the_weights(tiny):
     ident = tiny.identity()
     path = os.path.join(tiny.path, "model.safetensors")
-    assert ident["weights_sha256"] == hashlib.sha256(open(path, "rb").read()).hexdigest()
-    assert ident["weights_sha256"] == file_sha256(path)
+    assert ident["weights_hash"] == hashlib.sha256(open(path, "rb").read()).hexdigest()
+    assert ident["weights_hash"] == file_sha256(path)
     assert ident["dtype"] == "fp32" and ident["window"] is None and ident["device"] == "cpu"
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from evalkit import __version__
+from evalkit.adapter import check_identity
 from evalkit.probe import Probe
 from evalkit.render import Rendered, render
 from evalkit.result import SampleResult
@@ -44,10 +45,6 @@ class RunOutcome:
     interrupted: bool = False
     wall_s: float = 0.0
     prefill: dict = field(default_factory=dict)
-
-
-def _state_kind(adapter: Any, identity: dict) -> str:
-    return str(getattr(adapter, "state_kind", "") or identity.get("state_kind", "") or "")
 
 
 def _generation_key(run: ModelRun) -> dict:
@@ -76,10 +73,9 @@ class _Session:
         from evalkit.models import load_model
 
         adapter = load_model(m.spec, **m.options)
-        identity = provenance.jsonable(dict(adapter.identity()))
-        identity.setdefault("tokenizer_hash", tokenizer_hash(adapter.tokenizer))
+        identity = provenance.jsonable(check_identity(dict(adapter.identity()), m.spec))
         mhash = provenance.identity_hash(identity, m.options)
-        kind = _state_kind(adapter, identity)
+        kind = str(adapter.state_kind)
         self.models[m.name] = {**identity, "hash": mhash, "spec": m.spec,
                                "options": provenance.jsonable(m.options), "state_kind": kind,
                                "max_length": getattr(adapter, "max_length", None)}

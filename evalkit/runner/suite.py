@@ -243,7 +243,7 @@ def _expand(value: Any, where: str, key: str) -> Any:
 
 
 def import_plugins(plugins: Sequence[str], where: str) -> None:
-    """Import modules that register models (MODELS.register); each at most once."""
+    """Import modules that declare models (`register_model`); each at most once."""
     for ref in plugins:
         path = Path(ref)
         if ref.endswith(".py") or path.is_absolute():
@@ -268,14 +268,14 @@ def import_plugins(plugins: Sequence[str], where: str) -> None:
 
 
 def _check_model(spec: str, where: str, i: int, name: str) -> None:
-    from evalkit.models import MODELS, model_names
+    from evalkit.models import resolve_spec
 
-    known = model_names()
-    prefix, sep, _ = spec.partition(":")
-    if spec in MODELS or (sep and prefix in MODELS) or Path(spec).expanduser().exists():
-        return
-    raise SuiteError(f"{where}: key 'models.{i}' ({name!r}): unknown model {spec!r} "
-                     f"(known: {', '.join(known) or 'none'}; or give NAME:PATH or a checkpoint path)")
+    try:
+        resolve_spec(spec)
+    except (KeyError, FileNotFoundError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise SuiteError(f"{where}: key 'models.{i}' ({name!r}): {msg}; or give NAME:PATH or a "
+                         f"checkpoint path") from None
 
 
 def _expand_task_name(pattern: str, names: list[str], groups: dict[str, tuple[str, ...]],

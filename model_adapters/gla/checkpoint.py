@@ -10,7 +10,6 @@ Every missing, unexpected or mis-shaped tensor is reported in one error.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -18,7 +17,8 @@ from typing import Iterable
 
 import torch
 
-from evalkit.model_adapters.gla.config import GLAConfig, parse_dtype
+from evalkit.model_adapters.dtypes import parse_dtype
+from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.model import GLAForCausalLM
 
 WEIGHTS = "model.safetensors"
@@ -54,16 +54,6 @@ def weight_files(folder: str | os.PathLike) -> list[Path]:
     hint = (f"; found {', '.join(other)}: convert it to safetensors (evalkit reads safetensors only)"
             if other else "")
     raise CheckpointError(f"{folder}: no {WEIGHTS} or {INDEX}{hint}")
-
-
-def weights_sha256(folder: str | os.PathLike) -> str:
-    """SHA-256 over the weight files' bytes (in name order)."""
-    h = hashlib.sha256()
-    for p in weight_files(folder):
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
 
 
 def read_tensors(files: Iterable[Path]) -> dict[str, torch.Tensor]:

@@ -17,24 +17,7 @@ from typing import Any
 
 import torch
 
-_DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-}
-
-
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPES[str(dtype).lower().removeprefix("torch.")]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}") from None
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+from evalkit.model_adapters.dtypes import parse_dtype
 
 
 # The typed subset; field types are checked on load (int fields reject floats and bools).

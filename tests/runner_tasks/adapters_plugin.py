@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from evalkit.model_adapters.reference import InductionAdapter, MemoryState
-from evalkit.models import MODELS
+from evalkit.models import MODELS, register_model
 from evalkit.tokenization import load_tokenizer
 
 
@@ -62,13 +62,14 @@ class RecordingOracle(InductionAdapter):
         return super().fork(state)
 
 
-def _factory(cls, name):
+def _declare(cls, name):
     def make(path, *, tokenizer, **options):
         return cls(name, load_tokenizer(tokenizer), **options)
-    return make
+    register_model(name, kind="reference", state_kind="memory",
+                   description=f"test oracle ({cls.__name__})")(make)
 
 
 for _name, _cls in (("slow-oracle", SlowOracle), ("broken-oracle", BrokenOracle),
                     ("recording-oracle", RecordingOracle)):
-    if _name not in MODELS:
-        MODELS.add(_name, _factory(_cls, _name), origin=__name__)
+    if _name not in MODELS:  # the plugin may be imported by several runs in one process
+        _declare(_cls, _name)

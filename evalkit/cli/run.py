@@ -39,7 +39,6 @@ from evalkit.runner import rundir
 from evalkit.runner.suite import SuiteConfig, SuiteError, load_suite, override, resolve, validate
 
 
-
 def _model_args(text: str) -> dict:
     """`k=v,k2=v2`; values are read as YAML scalars (ints, floats, booleans, strings)."""
     out = {}

@@ -3,7 +3,7 @@
 Prints, without loading weights, a GLA model's parameter count, its recurrent state per
 sequence, the KV cache of a softmax model of the same width and depth at N tokens, and
 their ratio. MODEL_OR_CONFIG: a config.json, a checkpoint folder holding one, "name:PATH",
-or a registered model name whose factory exposes `config_path` (e.g. laplace).
+or a registered model declared with a `config` (e.g. laplace).
 """
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from evalkit.models import resolve_spec
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -27,25 +29,26 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def resolve_config(spec: str) -> Path:
+    """The config.json a spec names: a file, a checkpoint folder, NAME:PATH, or a model's `config`."""
     path = Path(spec).expanduser()
-    if path.exists():
-        return path / "config.json" if path.is_dir() else path
-    from evalkit import models
-
-    name, sep, rest = spec.partition(":")
-    models._load_builtins()
-    if sep and name in models.MODELS and rest:
-        return resolve_config(rest)
-    factory = models.MODELS.get(spec)  # raises with close-match suggestions
-    cfg = getattr(factory, "config_path", None)
-    if cfg is None:
-        raise ValueError(f"model {spec!r} has no config without a checkpoint; pass a config.json "
-                         f"or {spec}:PATH")
-    return Path(cfg)
+    if not path.exists():
+        info, rest = resolve_spec(spec)
+        if rest:
+            path = Path(rest).expanduser()
+        elif info.config is not None:
+            path = info.config
+        else:
+            raise ValueError(f"model {spec!r} has no config without a checkpoint; pass a "
+                             f"config.json or {spec}:PATH")
+    cfg = path / "config.json" if path.is_dir() else path
+    if not cfg.is_file():
+        raise FileNotFoundError(f"{spec}: no config file at {cfg}")
+    return cfg
 
 
 def figures(spec: str, context: int, dtype: str = "bf16") -> dict:
-    from evalkit.model_adapters.gla.config import GLAConfig, dtype_name, parse_dtype
+    from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
+    from evalkit.model_adapters.gla.config import GLAConfig
 
     if context < 1:
         raise ValueError(f"--context must be >= 1, got {context}")

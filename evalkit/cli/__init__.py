@@ -1,22 +1,22 @@
-"""`evalkit` command line. Each subcommand lives in its own module with add_parser/run."""
+"""`evalkit` command line: one module per subcommand, each with add_parser(subparsers) and run(args)."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
 
-# name -> module defining `add_parser(subparsers)` and `run(args) -> int`
+# name -> module whose `add_parser(subparsers)` adds the command and sets `func`
 COMMANDS = {
-    "tasks": "evalkit.probe_cmds",
-    "validate": "evalkit.probe_cmds",
-    "generate": "evalkit.probe_cmds",
-    "models": "evalkit.models_cmd",
-    "state": "evalkit.state_cmd",
-    "run": "evalkit.run_cmd",
-    "publish": "evalkit.publish_cmd",
-    "compare": "evalkit.compare_cmd",
-    "train-tiny": "evalkit.train_cmd",
-    "lm-eval-export": "evalkit.lm_eval.export_cmd",
+    "tasks": "evalkit.cli.tasks",
+    "validate": "evalkit.cli.validate",
+    "generate": "evalkit.cli.generate",
+    "models": "evalkit.cli.models",
+    "state": "evalkit.cli.state",
+    "run": "evalkit.cli.run",
+    "publish": "evalkit.cli.publish",
+    "compare": "evalkit.cli.compare",
+    "train-tiny": "evalkit.cli.train",
+    "lm-eval-export": "evalkit.cli.lm_eval_export",
 }
 
 
@@ -38,20 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"evalkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    seen = set()
-    for name, module in COMMANDS.items():
-        if module in seen:
-            continue
-        seen.add(module)
+    for module in COMMANDS.values():
         importlib.import_module(module).add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    func = getattr(args, "func", None) or importlib.import_module(COMMANDS[args.command]).run
     try:
-        return int(func(args) or 0)
+        return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, KeyError) as e:
         # Bad input: a clear one-line error, no traceback. Bugs (other exceptions) keep theirs.
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e

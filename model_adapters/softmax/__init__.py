@@ -1,0 +1,40 @@
+"""Softmax-attention adapter: any local Hugging Face causal LM folder or .gguf file, KV cache as state.
+
+Registered as the path loader "hf" (`load_model("hf:/path/to/folder")`, or a bare path whose
+config is not GLA). Local files only; `trust_remote_code` stays off unless the caller passes it;
+folders load from safetensors only. GGUF files go through transformers' GGUF loader (dequantised
+on every load: slow; see `evalkit.model_adapters.embedded` for convert-once caching).
+
+State: a transformers `DynamicCache` (the KV cache), the absolute length, and the next-token
+logits. `state_bytes` is the measured size of the cache tensors; the logits are not counted
+(the memory of the past is the cache).
+
+Memory-matched baseline ("KV budget" semantics)
+-----------------------------------------------
+`window=W` (or `kv_budget_bytes=B`, giving W = floor(B / KV bytes per token), or
+`match_state_of=NAME`, giving B = that model's state bytes) limits the state to
+the KV of at most W tokens: after every forward chunk the oldest entries are evicted, so the
+cache never holds more than W tokens between calls. A new token at absolute position t attends
+to the retained tokens and itself: keys at positions max(0, t - W) .. t (W + 1 keys), plus the
+first `sink` positions if `sink > 0`, in which case those sinks count against the budget and
+the recent part shrinks to W - sink (StreamingLLM; default sink=0, i.e. a plain sliding
+window). The same mask is applied inside each prefill chunk, so the attention pattern does not
+depend on how a sequence is split into prefill/extend calls, and a long context with a small W
+really forgets: per layer, tokens older than the window are invisible (information can still
+travel up to n_layers * W tokens through the layers, as in any sliding-window model). Position
+ids keep growing, so RoPE positions stay absolute. Window mode needs a model whose layers are
+all full attention, with the sdpa or eager attention implementation (a custom 4-D mask is used).
+
+Length limit: the model never processes a token at a position >= max_length (default: the
+config's max_position_embeddings); a prompt, extension, scored continuation or generation that
+would need one raises instead of being cut.
+
+Modules: `adapter` (SoftmaxAdapter and the "hf" loader), `kv_cache` (cache copies, byte
+accounting, window mask and eviction), `describe` (figures from a config, no weights).
+"""
+from evalkit.model_adapters.softmax.adapter import SoftmaxAdapter, load_hf
+from evalkit.model_adapters.softmax.describe import describe_checkpoint, describe_row
+from evalkit.model_adapters.softmax.kv_cache import KVProfile, KVState, kv_profile, matched_window
+
+__all__ = ["KVProfile", "KVState", "SoftmaxAdapter", "describe_checkpoint", "describe_row",
+           "kv_profile", "load_hf", "matched_window"]

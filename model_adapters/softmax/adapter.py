@@ -1,0 +1,306 @@
+"""SoftmaxAdapter: a transformers causal LM behind the evalkit protocol, the KV cache as state;
+registered as the path loader "hf"."""
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from evalkit.adapter import greedy_generate
+from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
+from evalkit.model_adapters.softmax import kv_cache
+from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
+from evalkit.model_adapters.softmax.kv_cache import KVProfile, KVState, kv_profile, matched_window
+from evalkit.model_adapters.weights import weights_hash
+from evalkit.models import describe_model, register_model
+
+
+class SoftmaxAdapter:
+    """A transformers causal LM behind the evalkit protocol, with the KV cache as state."""
+
+    def __init__(self, path: str | os.PathLike, *, name: str | None = None, device: str = "cpu",
+                 dtype: Any = "fp32", trust_remote_code: bool = False, window: int | None = None,
+                 kv_budget_bytes: int | None = None, match_state_of: str | None = None,
+                 sink: int = 0, max_length: int | None = None, prefill_chunk: int = 2048,
+                 score_batch: int = 32, score_batch_bytes: int = 2 << 30,
+                 extra_identity: dict | None = None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from evalkit.tokenization import load_tokenizer
+
+        self.path = str(Path(path).expanduser())
+        folder, gguf = split_path(path)
+        self.dtype = parse_dtype(dtype)
+        self.device = torch.device(device)
+        self.trust_remote_code = bool(trust_remote_code)
+        if int(prefill_chunk) < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.prefill_chunk = int(prefill_chunk)
+        self.score_batch = max(1, int(score_batch))  # continuations scored in one forward
+        self.score_batch_bytes = int(score_batch_bytes)  # memory for their cache copies + logits
+        self._extra_identity = dict(extra_identity or {})
+
+        common = dict(local_files_only=True, trust_remote_code=self.trust_remote_code)
+        if gguf:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf, **common)
+            self.model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf,
+                                                              dtype=self.dtype, **common)
+            self._weight_files = [folder / gguf]
+        else:
+            self.tokenizer = load_tokenizer(folder, trust_remote_code=self.trust_remote_code)
+            # use_safetensors=True: never unpickle .bin weights
+            self.model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=self.dtype,
+                                                              use_safetensors=True, **common)
+            self._weight_files = sorted(folder.glob("*.safetensors"))
+        self.model.to(self.device).eval()
+        self.model.requires_grad_(False)
+        self._cache_kw = kv_cache.cache_kwarg(self.model)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self._vocab = self.model.get_input_embeddings().num_embeddings
+
+        cfg_max = max_length_from_config(self.model.config)
+        self.max_length = int(max_length) if max_length is not None else cfg_max
+
+        self._full_profile = kv_profile(self.model)
+        self.sink = int(sink)
+        self.match_state_of = match_state_of
+        if match_state_of is not None:  # memory-matched: the KV budget of another model's state
+            if kv_budget_bytes is not None:
+                raise ValueError("pass either kv_budget_bytes or match_state_of, not both")
+            kv_budget_bytes = describe_model(match_state_of)["state_bytes"]
+            if not kv_budget_bytes:
+                raise ValueError(f"match_state_of={match_state_of!r}: that model reports no "
+                                 f"fixed state size to match")
+        if kv_budget_bytes is not None:
+            if window is not None:
+                raise ValueError("pass either window or kv_budget_bytes, not both")
+            window = matched_window(int(kv_budget_bytes), self._full_profile.bytes_per_token)
+        self.kv_budget_bytes = None if kv_budget_bytes is None else int(kv_budget_bytes)
+        self.window = None if window is None else int(window)
+        if self.window is not None:
+            self._check_window_support()
+        elif self.sink:
+            raise ValueError("sink is only meaningful with window or kv_budget_bytes")
+        self.state_kind = "kv-window" if self.window is not None else "kv"
+        prof = self._full_profile
+        # window mode has only full-attention layers, each capped at the window
+        self._profile = (KVProfile(prof.per_token, prof.const, (self.window,) * len(prof.cap))
+                         if self.window is not None else prof)
+
+        base = name or (Path(gguf).stem if gguf else folder.name)
+        if self.window is not None:
+            base += f"[window={self.window}" + (f",sink={self.sink}" if self.sink else "") + "]"
+        self.name = base
+        self._eos = self._eos_ids()
+        dyn, sliding = kv_cache.cache_classes()
+        probe_cache = kv_cache.new_cache(self.model)
+        # Shallow copies are safe only for layers that update by concatenation (new tensors).
+        self._functional_cache = all(type(layer) in (dyn, sliding) for layer in probe_cache.layers)
+
+    # -- setup helpers
+
+    def _check_window_support(self) -> None:
+        dyn, _ = kv_cache.cache_classes()
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+        if not 0 <= self.sink < self.window:
+            raise ValueError(f"sink must satisfy 0 <= sink < window ({self.window}), got {self.sink}")
+        layers = kv_cache.new_cache(self.model).layers
+        if not layers or any(type(layer) is not dyn for layer in layers):
+            raise ValueError(f"window/kv_budget_bytes needs a model whose layers are all full "
+                             f"attention; {self.model.config.model_type} has sliding or linear "
+                             f"cache layers")
+        impl = getattr(self.model.config, "_attn_implementation", None)
+        if impl not in ("sdpa", "eager"):
+            raise ValueError(f"window/kv_budget_bytes needs attn_implementation sdpa or eager "
+                             f"(a custom 4-D mask); this model uses {impl!r}")
+        self._attn_impl = impl
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        gc = getattr(self.model, "generation_config", None)
+        for src in (getattr(gc, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(src, int):
+                ids.add(src)
+            elif isinstance(src, (list, tuple)):
+                ids.update(int(i) for i in src)
+        return ids
+
+    # -- core forward
+
+    def _check_ids(self, ids: Sequence[int]) -> list[int]:
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self._vocab]
+        if bad:
+            raise ValueError(f"{self.name}: token id {bad[0]} is outside the vocabulary [0, {self._vocab})")
+        return ids
+
+    def _check_room(self, length: int, what: str) -> None:
+        if self.max_length is not None and length > self.max_length:
+            raise ValueError(f"{self.name}: {what} needs {length} tokens, more than max_length "
+                             f"{self.max_length}; evalkit never truncates -- shorten the probe or "
+                             f"pass max_length explicitly")
+
+    @torch.inference_mode()
+    def _forward(self, cache: Any, start: int, rows: Sequence[Sequence[int]], all_logits: bool
+                 ) -> torch.Tensor:
+        """Run equal-length id rows at absolute positions start.. through the model, updating
+        `cache` (batch = len(rows)) in place, chunk by chunk. Returns fp32 logits:
+        [B, n, V] if all_logits else [B, V] for the last position."""
+        n = len(rows[0])
+        x_all = torch.tensor([list(r) for r in rows], dtype=torch.long, device=self.device)
+        outs: list[torch.Tensor] = []
+        last = None
+        for i in range(0, n, self.prefill_chunk):
+            x = x_all[:, i: i + self.prefill_chunk]
+            pos0, q = start + i, x.shape[1]
+            kw: dict[str, Any] = {
+                self._cache_kw: cache,
+                "use_cache": True,
+                "position_ids": torch.arange(pos0, pos0 + q, device=self.device)[None].expand(len(rows), q),
+            }
+            if self.window is not None:
+                kw["attention_mask"] = kv_cache.window_mask(
+                    pos0, q, kv_cache.cached_len(cache), window=self.window, sink=self.sink,
+                    attn_impl=self._attn_impl, dtype=self.dtype, device=self.device)
+            if self._keeps_logits:
+                kw["logits_to_keep"] = 0 if all_logits else 1
+            logits = self.model(input_ids=x, **kw).logits
+            if self.window is not None:
+                kv_cache.evict(cache, window=self.window, sink=self.sink)
+            if all_logits:
+                outs.append(logits.float())
+            else:
+                last = logits[:, -1].float()
+        return torch.cat(outs, dim=1) if all_logits else last
+
+    def _scratch(self, state: KVState) -> Any:
+        """A cache to run ahead on without touching `state` (shares tensors when that is safe)."""
+        return kv_cache.copy_cache(state.cache, clone=not self._functional_cache)
+
+    # -- protocol
+
+    def prefill(self, token_ids: Sequence[int]) -> KVState:
+        ids = self._check_ids(token_ids)
+        if not ids:
+            raise ValueError(f"{self.name}: prefill needs at least one token")
+        self._check_room(len(ids), "prefill")
+        cache = kv_cache.new_cache(self.model)
+        logits = self._forward(cache, 0, [ids], all_logits=False)[0]
+        return KVState(cache, len(ids), logits)
+
+    def extend(self, state: KVState, token_ids: Sequence[int]) -> KVState:
+        ids = self._check_ids(token_ids)
+        if not ids:
+            return state
+        self._check_room(state.length + len(ids), "extend")
+        logits = self._forward(state.cache, state.length, [ids], all_logits=False)[0]
+        state.length += len(ids)
+        state.logits = logits
+        return state
+
+    def fork(self, state: KVState) -> KVState:
+        return KVState(kv_cache.copy_cache(state.cache, clone=True), state.length, state.logits.clone())
+
+    def generate(self, state: KVState, max_new_tokens: int, stop: Sequence[str] | None = None) -> str:
+        scratch = {"cache": None, "length": state.length}
+
+        def step(tok: int) -> int:
+            self._check_room(scratch["length"] + 1, "generation")
+            if scratch["cache"] is None:
+                scratch["cache"] = self._scratch(state)
+            logits = self._forward(scratch["cache"], scratch["length"], [[tok]], all_logits=False)[0]
+            scratch["length"] += 1
+            return int(torch.argmax(logits))
+
+        return greedy_generate(int(torch.argmax(state.logits)), step, decode=self._decode,
+                               eos=self._eos, max_new_tokens=max_new_tokens, stop=stop)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def score(self, state: KVState, continuations: Sequence[Sequence[int]]) -> list[float]:
+        conts = [self._check_ids(c) for c in continuations]
+        if any(not c for c in conts):
+            raise ValueError(f"{self.name}: cannot score an empty continuation")
+        first = torch.log_softmax(state.logits, dim=-1)
+        scores = [first[c[0]].item() for c in conts]
+        multi = sorted((i for i, c in enumerate(conts) if len(c) > 1), key=lambda i: len(conts[i]))
+        if not multi:
+            return scores
+        self._check_room(state.length + len(conts[multi[-1]]) - 1, "score")
+        # Continuations run as one batch on a shared copy of the cache (decoding is memory-bound,
+        # so a batch costs about one pass), in groups whose cache copies + logits fit the budget.
+        longest = len(conts[multi[-1]]) - 1
+        per_item = self.state_bytes(state) + 3 * longest * self._vocab * 4
+        group = max(1, min(self.score_batch, self.score_batch_bytes // per_item))
+        if not self._functional_cache:
+            group = 1  # caches updated in place cannot share a batch-expanded view
+        for g in range(0, len(multi), group):
+            idx = multi[g: g + group]
+            width = len(conts[idx[-1]]) - 1
+            # right padding: pads come after every real token, so causal attention never sees them
+            rows = [conts[i][:-1] + [0] * (width - len(conts[i]) + 1) for i in idx]
+            scratch = kv_cache.expand_batch(self._scratch(state), len(idx))
+            logits = self._forward(scratch, state.length, rows, all_logits=True)
+            lp = torch.log_softmax(logits, dim=-1)
+            for b, i in enumerate(idx):
+                tgt = torch.tensor(conts[i][1:], device=lp.device)
+                scores[i] += lp[b, : len(tgt)].gather(1, tgt[:, None]).sum().item()
+        return scores
+
+    def state_tensors(self, state: KVState) -> list[torch.Tensor]:
+        """The tensors `state_bytes` counts (the KV cache; not the logits)."""
+        return [t for layer in state.cache.layers for t in kv_cache.layer_tensors(layer)]
+
+    def state_bytes(self, state: KVState) -> int:
+        return sum(t.nbytes for t in self.state_tensors(state))
+
+    # -- description
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one more token adds to a full (unwindowed) cache."""
+        return self._full_profile.bytes_per_token
+
+    def state_bytes_at(self, n_tokens: int) -> int:
+        """Analytic state bytes after `n_tokens` tokens (equals the measured value)."""
+        return self._profile.bytes_at(int(n_tokens))
+
+    def num_parameters(self) -> int:
+        return self.model.num_parameters()
+
+    def identity(self) -> dict:
+        import transformers
+
+        from evalkit.tokenization import tokenizer_hash
+
+        ident = {
+            "name": self.name,
+            "kind": "softmax",  # no path: a fingerprint must not depend on where files live
+            "weights_hash": weights_hash(self._weight_files),
+            "weights_files": sorted(f.name for f in self._weight_files),
+            "tokenizer_hash": tokenizer_hash(self.tokenizer),
+            "dtype": dtype_name(self.dtype),
+            "device": str(self.device),
+            "window": self.window,
+            "sink": self.sink if self.window is not None else None,
+            "kv_budget_bytes": self.kv_budget_bytes,
+            "match_state_of": self.match_state_of,
+            "max_length": self.max_length,
+            "transformers": transformers.__version__,
+        }
+        ident.update(self._extra_identity)
+        return ident
+
+
+@register_model("hf", kind="softmax", state_kind="kv",
+                description="any local Hugging Face causal LM folder or .gguf (hf:PATH)")
+def load_hf(path: str | None, **options: Any) -> SoftmaxAdapter:
+    """`hf:PATH`: a local Hugging Face causal LM folder or .gguf file."""
+    if not path:
+        raise ValueError("the 'hf' loader needs a path: hf:/path/to/model-folder or hf:/path/to/file.gguf")
+    return SoftmaxAdapter(path, **options)
