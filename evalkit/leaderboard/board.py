@@ -14,6 +14,9 @@ from evalkit.leaderboard.tables import (aggregate, by_length, cell_rows, choose_
                                         model_kinds, with_primary)
 
 
+MAX_BOOTSTRAP = 100_000
+
+
 @dataclass
 class Options:
     threshold: float = derived.DEFAULT_THRESHOLD
@@ -25,8 +28,9 @@ class Options:
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"--threshold must be in (0, 1], got {self.threshold}")
-        if self.n_boot < 100:
-            raise ValueError(f"--bootstrap must be at least 100 resamples, got {self.n_boot}")
+        if not 100 <= self.n_boot <= MAX_BOOTSTRAP:
+            raise ValueError(f"--bootstrap must be between 100 and {MAX_BOOTSTRAP:,} resamples "
+                             f"(each gap cell holds them all in memory), got {self.n_boot}")
 
 
 @dataclass
