@@ -34,8 +34,7 @@ def _files(folder: Path) -> dict[str, bytes]:
 def test_publish_keeps_files_it_did_not_write(a_run, tmp_path, capsys):
     board = tmp_path / "lb"
     assert cli_main(["publish", str(a_run), "--to", str(board)]) == 0
-    listed = json.loads((board / "results.json").read_text())["files"]
-    assert set(listed) == set(_files(board))  # it lists exactly what it wrote
+    written = set(_files(board))
     (board / "NOTES.md").write_text("my notes\n")
     (board / "extra").mkdir()
     (board / "extra" / "data.csv").write_text("a,b\n1,2\n")
@@ -46,7 +45,8 @@ def test_publish_keeps_files_it_did_not_write(a_run, tmp_path, capsys):
     assert (board / "extra" / "data.csv").read_text() == "a,b\n1,2\n"
     assert (board / "extra" / "empty").is_dir()
     assert (board / "plots" / "mine.txt").read_text() == "mine\n"
-    assert "NOTES.md" not in json.loads((board / "results.json").read_text())["files"]
+    listed = json.loads((board / "results.json").read_text())["files"]
+    assert set(listed) == written  # it lists exactly what it wrote, and nothing else
 
 
 def test_a_foreign_file_where_publish_writes_is_refused_naming_it(a_run, tmp_path, capsys):
@@ -94,16 +94,61 @@ def test_disk_full_mid_publish_is_one_line_exit_1_and_keeps_the_old_board(a_run,
     assert [p.name for p in tmp_path.iterdir()] == ["lb"]  # no temporary folder left
 
 
-def test_two_concurrent_publishes_to_one_folder_both_succeed(a_run, tmp_path):
+_SYNCHRONIZED = """
+import sys, time
+from evalkit.cli import main
+import evalkit.leaderboard.publish, evalkit.leaderboard.plots, matplotlib.pyplot  # imports done
+start = float(sys.argv[1])
+time.sleep(max(0.0, start - time.time()))  # every process starts publishing at once
+sys.exit(main(["publish", sys.argv[2], "--to", sys.argv[3]]))
+"""
+
+
+def test_concurrent_publishes_to_one_folder_all_succeed(a_run, tmp_path):
+    """Real processes, started in the same instant so that their swaps overlap."""
+    import time
+
     board = tmp_path / "lb"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
     for _ in range(2):
-        procs = [subprocess.Popen([sys.executable, "-m", "evalkit", "publish", str(a_run),
-                                   "--to", str(board)], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
-        for p in procs:
-            out, err = p.communicate(timeout=300)
-            assert p.returncode == 0, err
+        start = time.time() + 8  # after every process has imported
+        procs = [subprocess.Popen([sys.executable, "-c", _SYNCHRONIZED, str(start), str(a_run),
+                                   str(board)], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(3)]
+        results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
+        assert [rc for _, _, rc in results] == [0] * 3, [err for _, err, _ in results]
     doc = json.loads((board / "results.json").read_text())
-    assert set(doc["files"]) == set(_files(board))
+    assert doc["format"].startswith("evalkit-leaderboard/") and (board / "README.md").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lb"]  # no .old-/.new- left over
+
+
+def _waiting_on_a_lock(pid: int) -> bool:
+    """/proc/locks lists a process blocked in flock with '->'."""
+    return any("->" in line and f" {pid} " in line
+               for line in Path("/proc/locks").read_text().splitlines())
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks")
+def test_a_publish_waits_while_another_one_holds_the_folder(a_run, tmp_path):
+    """The swap is serialized: while one publish holds the lock, another one does not touch
+    the target (before the fix it swapped regardless, racing the holder's renames)."""
+    import fcntl
+    import time
+
+    board = tmp_path / "lb"
+    fd = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # what a publish in progress holds
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "evalkit", "publish", str(a_run), "--to",
+                                 str(board)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 240
+        while proc.poll() is None and not _waiting_on_a_lock(proc.pid):
+            assert time.time() < deadline
+            time.sleep(0.1)
+        assert not board.exists() and proc.poll() is None
+    finally:
+        os.close(fd)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert (board / "README.md").exists()

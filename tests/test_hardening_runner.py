@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -334,14 +335,29 @@ def test_disk_full_mid_run_is_one_line_exit_1_and_resumable(tok_dir, tmp_path, c
 
 # -- 7. concurrency --------------------------------------------------------------------------
 
-def test_two_runs_in_the_same_second_get_distinct_default_run_ids(tmp_path):
-    made = {rundir.new_run_dir(tmp_path, "abcdef123456") for _ in range(5)}
-    assert len(made) == 5 and all(p.is_dir() for p in made)
+def test_two_runs_in_the_same_second_get_distinct_default_run_ids(tok_dir, tmp_path,
+                                                                  monkeypatch):
+    from datetime import datetime, timezone
+
+    from evalkit.runner import resolve, run_suite
+    from evalkit.runner.suite import validate
+
+    class Frozen(datetime):  # every run starts in the same second
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+    monkeypatch.setattr(rundir, "datetime", Frozen)
+    cfg = suite_dict(tok_dir, lengths=[64], depths=[0.5], loads=[1], samples=1)
+    resolved = resolve(validate(cfg, "test"), "test")
+    dirs = {run_suite(resolved, runs_root=tmp_path / "runs", progress=False).run_dir
+            for _ in range(3)}
+    assert len(dirs) == 3 and all((d / "DONE").exists() for d in dirs)
 
 
 def test_a_second_resume_on_a_locked_run_folder_is_refused_naming_the_pid(tok_dir, tmp_path):
     out = tmp_path / "r"
-    suite = suite_dict(tok_dir, models=({"name": "slow-oracle", "options": {"delay": 0.05}},),
+    suite = suite_dict(tok_dir, models=({"name": "slow-oracle", "options": {"delay": 0.6}},),
                        lengths=[64, 128], depths=[0.2, 0.8], loads=[2], samples=2)
     (tmp_path / "suite.yaml").write_text(json.dumps(suite))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -350,17 +366,16 @@ def test_a_second_resume_on_a_locked_run_folder_is_refused_naming_the_pid(tok_di
                               "--no-progress"], env=env, cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        import time
         deadline = time.time() + 60
-        while not (out / rundir.LOCK).exists() or not (out / rundir.CONFIG).exists():
+        while not (out / "cache" / "entries").exists():  # the first run is under way
             assert time.time() < deadline and first.poll() is None
             time.sleep(0.05)
         second = subprocess.run([sys.executable, "-m", "evalkit", "run", "--resume", str(out),
                                  "--no-progress"], env=env, cwd=tmp_path, capture_output=True,
                                 text=True, timeout=120)
-        if first.poll() is None:  # the second ran while the first held the folder
-            assert second.returncode == 2
-            assert f"pid {first.pid}" in second.stderr and str(out / rundir.LOCK) in second.stderr
+        # 16 generations of 0.6 s: the first still holds the folder
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert f"pid {first.pid}" in second.stderr and str(out / ".lock") in second.stderr
     finally:
         first.wait(timeout=300)
     assert first.returncode == 0, first.stderr
