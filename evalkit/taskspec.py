@@ -127,21 +127,26 @@ def _module_file(mod_name: str, include: Sequence[Path]) -> Path | None:
     return None
 
 
-def _load_user_module(mod_name: str, file: Path, include: Sequence[Path]) -> ModuleType:
-    """A top-level user module, loaded from its file under a name unique to that file: two
-    folders' `gen.py` are two modules, never one reused for the other."""
-    unique = f"evalkit_user_{hashlib.sha256(str(file).encode()).hexdigest()[:12]}_{mod_name}"
-    if unique in sys.modules:
-        return sys.modules[unique]
-    spec = importlib.util.spec_from_file_location(unique, file)
+def load_module_file(name: str, file: Path) -> ModuleType:
+    """The module in `file`, imported once as `name` (callers make `name` unique per file)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[unique] = module
+    sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules[unique]
+        del sys.modules[name]
         raise
     return module
+
+
+def _load_user_module(mod_name: str, file: Path) -> ModuleType:
+    """A top-level user module, loaded from its file under a name unique to that file: two
+    folders' `gen.py` are two modules, never one reused for the other."""
+    digest = hashlib.sha256(str(file).encode()).hexdigest()[:12]
+    return load_module_file(f"evalkit_user_{digest}_{mod_name}", file)
 
 
 def _import_generator(ref: str, path: Path, include: Sequence[Path]) -> tuple[Callable, type]:
@@ -152,7 +157,7 @@ def _import_generator(ref: str, path: Path, include: Sequence[Path]) -> tuple[Ca
     try:
         try:
             if file is not None and "." not in mod_name:
-                module = _load_user_module(mod_name, file, include)
+                module = _load_user_module(mod_name, file)
             else:
                 module = importlib.import_module(mod_name)
         except ModuleNotFoundError as e:
