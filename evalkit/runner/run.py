@@ -341,12 +341,15 @@ def run_suite(resolved: ResolvedSuite, *, output: str | Path | None = None, resu
         kind, _, text = err.partition(":")
         raise {"CacheMismatch": CacheMismatch, "CacheError": CacheError}.get(
             kind, rundir.RunDirError)(text)
+    sessions: list[_Session] = []
     try:
-        outcome = _run(resolved, Path(path_s), earlier, done, dist, progress, argv, t0, started)
-    except BaseException as e:
+        outcome = _run(resolved, Path(path_s), earlier, done, dist, progress, argv, t0, started,
+                       sessions)
+    except BaseException:
         # A new run that evaluated nothing is removed (bad option, missing checkpoint,
         # impossible grid): fixing the input and re-running with the same --output works.
-        if prep is not None and prep.earlier is None and getattr(e, "evalkit_computed", 1) == 0:
+        # One that evaluated something stays, resumable.
+        if prep is not None and prep.earlier is None and not any(x.computed for x in sessions):
             rundir.discard(prep)
             prep = None
         raise
@@ -358,7 +361,7 @@ def run_suite(resolved: ResolvedSuite, *, output: str | Path | None = None, resu
 
 def _run(resolved: ResolvedSuite, path: Path, earlier: dict | None, done: bool,
          dist: distributed.Dist, progress: bool, argv: list[str] | None, t0: float,
-         started: str) -> RunOutcome:
+         started: str, sessions: list[_Session]) -> RunOutcome:
     suite = resolved.suite
     cache = SampleCache(Path(suite.cache_dir) if suite.cache_dir else path / rundir.CACHE)
     first_start = (earlier or {}).get("started") or started
@@ -370,6 +373,7 @@ def _run(resolved: ResolvedSuite, path: Path, earlier: dict | None, done: bool,
             started=first_start, resumed=resumed))
 
     session = _Session(resolved, path, cache, dist, progress)
+    sessions.append(session)  # the caller learns what was computed if this raises
     outcome = RunOutcome(path, rank=dist.rank)
     try:
         with _torch_threads(suite.threads):
@@ -377,9 +381,6 @@ def _run(resolved: ResolvedSuite, path: Path, earlier: dict | None, done: bool,
                 session.run_model(mi, m)
     except KeyboardInterrupt:
         outcome.interrupted = True
-    except BaseException as e:
-        e.evalkit_computed = session.computed  # tells run_suite whether work would be lost
-        raise
 
     def execution_record(extra: dict) -> dict:
         return {"started": started, "finished": provenance.utc_now(), "argv": argv,
