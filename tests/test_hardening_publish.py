@@ -40,11 +40,14 @@ def test_publish_keeps_files_it_did_not_write(a_run, tmp_path, capsys):
     (board / "extra" / "data.csv").write_text("a,b\n1,2\n")
     (board / "extra" / "empty").mkdir()
     (board / "plots" / "mine.txt").write_text("mine\n")
+    (tmp_path / "elsewhere").mkdir()
+    (board / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     assert cli_main(["publish", str(a_run), "--to", str(board)]) == 0
     assert (board / "NOTES.md").read_text() == "my notes\n"
     assert (board / "extra" / "data.csv").read_text() == "a,b\n1,2\n"
     assert (board / "extra" / "empty").is_dir()
     assert (board / "plots" / "mine.txt").read_text() == "mine\n"
+    assert os.readlink(board / "linked") == str(tmp_path / "elsewhere")
     listed = json.loads((board / "results.json").read_text())["files"]
     assert set(listed) == written  # it lists exactly what it wrote, and nothing else
 

@@ -119,7 +119,12 @@ def _keep_foreign(target: Path, new: Path, written: set[str]) -> None:
     for root, dirs, names in os.walk(target):
         rel_root = Path(root).relative_to(target)
         for d in dirs:
-            (new / rel_root / d).mkdir(exist_ok=True)
+            src = target / rel_root / d
+            if src.is_symlink():  # os.walk does not enter it: keep the link itself
+                if (rel_root / d).as_posix() not in owned:
+                    os.symlink(os.readlink(src), new / rel_root / d)
+            else:
+                (new / rel_root / d).mkdir(exist_ok=True)
         for name in names:
             rel = (rel_root / name).as_posix()
             if rel in owned:
