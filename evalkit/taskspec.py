@@ -21,7 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
+import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
+from types import ModuleType
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -111,19 +117,61 @@ def _pydantic_error(path: Path, prefix: str, e: ValidationError) -> SpecError:
     return SpecError("\n".join(lines))
 
 
+def _module_file(mod_name: str, include: Sequence[Path]) -> Path | None:
+    """The file `mod_name` names inside the include path (None: not a user module there)."""
+    for folder in include:
+        base = Path(folder, *mod_name.split("."))
+        for f in (base.with_suffix(".py"), base / "__init__.py"):
+            if f.is_file():
+                return f.resolve()
+    return None
+
+
+def load_module_file(name: str, file: Path) -> ModuleType:
+    """The module in `file`, imported once as `name` (callers make `name` unique per file)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _load_user_module(mod_name: str, file: Path) -> ModuleType:
+    """A top-level user module, loaded from its file under a name unique to that file: two
+    folders' `gen.py` are two modules, never one reused for the other."""
+    digest = hashlib.sha256(str(file).encode()).hexdigest()[:12]
+    return load_module_file(f"evalkit_user_{digest}_{mod_name}", file)
+
+
 def _import_generator(ref: str, path: Path, include: Sequence[Path]) -> tuple[Callable, type]:
     mod_name, _, fn_name = ref.partition(":")
+    file = _module_file(mod_name, include)
     added = [str(p) for p in include if str(p) not in sys.path]
-    sys.path[:0] = added
+    sys.path[:0] = added  # the user's module may import its neighbours
     try:
         try:
-            module = importlib.import_module(mod_name)
+            if file is not None and "." not in mod_name:
+                module = _load_user_module(mod_name, file)
+            else:
+                module = importlib.import_module(mod_name)
         except ModuleNotFoundError as e:
             raise SpecError(f"{path}: key 'generator': module {mod_name!r} not found "
                             f"(include path: {[str(p) for p in include] or 'none'}; {e})") from e
     finally:
         for p in added:
             sys.path.remove(p)
+    loaded = getattr(module, "__file__", None)
+    if file is not None and loaded and Path(loaded).resolve() != file:
+        # A dotted user package is imported by name: one of that name from another folder
+        # may already be loaded, and its code must not run for this task.
+        raise SpecError(f"{path}: key 'generator': module {mod_name!r} resolves to {file}, but "
+                        f"a module of that name from {loaded} is already loaded; rename one")
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise SpecError(f"{path}: key 'generator': {mod_name!r} has no function {fn_name!r}")
@@ -208,8 +256,65 @@ def grid(spec: TaskSpec, *, lengths: Sequence[int] | None = None,
             for L in lengths for dp in depths for n in loads for i in range(samples)]
 
 
+GENERATOR_TIMEOUT_S = 300.0   # per probe; EVALKIT_GENERATOR_TIMEOUT_S overrides it
+MAX_GENERATOR_TIMEOUT_S = 86400.0
+
+
+class GeneratorTimeout(SpecError):
+    """A generator did not return within its time limit."""
+
+
+def generator_timeout() -> float:
+    raw = os.environ.get("EVALKIT_GENERATOR_TIMEOUT_S")
+    if raw is None:
+        return GENERATOR_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_GENERATOR_TIMEOUT_S:
+        raise SpecError(f"EVALKIT_GENERATOR_TIMEOUT_S={raw!r}: expected seconds in "
+                        f"(0, {MAX_GENERATOR_TIMEOUT_S:g}]")
+    return value
+
+
+@contextmanager
+def _time_limit(seconds: float, what: str) -> Iterator[None]:
+    """Raise GeneratorTimeout in this thread after `seconds`. A SIGALRM timer interrupts pure
+    Python between two bytecodes (a `while True` loop included) without a second process, so
+    the generator keeps its arguments (a live tokenizer) as they are. Off the main thread,
+    where signals cannot be delivered, generation runs without a limit."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expired(signum, frame):
+        raise GeneratorTimeout(f"{what} did not return within {seconds:g} s (a generator that "
+                               f"never returns? raise EVALKIT_GENERATOR_TIMEOUT_S if it is "
+                               f"just slow)")
+
+    old_handler = signal.signal(signal.SIGALRM, expired)
+    old_timer = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_timer[0]:  # someone else's timer was running: give it back
+            signal.setitimer(signal.ITIMER_REAL, *old_timer)
+
+
 def generate_probes(spec: TaskSpec, tokenizer: Any, points: Sequence[GridPoint]) -> Iterator[Probe]:
+    limit = generator_timeout()
     for p in points:
-        yield spec.generator(spec.params, task=spec.name, version=spec.version,
-                             tokenizer=tokenizer, length=p.length, depth=p.depth, load=p.load,
-                             seed=p.seed)
+        what = (f"task {spec.name!r} ({spec.source}): generator {spec.generator_ref} at "
+                f"length={p.length}, depth={p.depth}, load={p.load}")
+        with _time_limit(limit, what):
+            probe = spec.generator(spec.params, task=spec.name, version=spec.version,
+                                   tokenizer=tokenizer, length=p.length, depth=p.depth,
+                                   load=p.load, seed=p.seed)
+        if isinstance(probe, Probe) and (probe.task, probe.task_version) != (spec.name, spec.version):
+            raise SpecError(f"{what}: returned a probe of task {probe.task!r} version "
+                            f"{probe.task_version!r}; expected task {spec.name!r} version "
+                            f"{spec.version!r} (pass the `task` and `version` it is given)")
+        yield probe

@@ -1,4 +1,8 @@
-"""Reading user YAML files safely, with errors that name the file."""
+"""Reading user YAML files safely, with errors that name the file.
+
+Aliases (`*name`) are refused: a few lines of nested aliases expand to gigabytes ("billion
+laughs"), and no evalkit file needs them. The file size is bounded for the same reason.
+"""
 from __future__ import annotations
 
 import os
@@ -7,13 +11,28 @@ from typing import Any
 
 import yaml
 
+MAX_BYTES = 1 << 20  # 1 MiB: far above any suite or task file
+
 
 def read_yaml(path: str | os.PathLike, error: type[Exception], what: str) -> Any:
-    """yaml.safe_load of `path`. A missing file is FileNotFoundError; malformed YAML is `error`."""
+    """yaml.safe_load of `path`. A missing file is FileNotFoundError; malformed YAML, an alias
+    or a file over MAX_BYTES is `error`."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} {path}: no such file")
+    size = path.stat().st_size
+    if size > MAX_BYTES:
+        raise error(f"{path}: {size:,} bytes; a {what} may hold at most {MAX_BYTES:,}")
     try:
-        return yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text ({e})") from None
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                line = event.start_mark.line + 1
+                raise error(f"{path}: line {line}: YAML alias *{event.anchor} is not allowed "
+                            f"(aliases can expand without bound); write the value out")
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise error(f"{path}: malformed YAML: {e}") from None

@@ -132,18 +132,23 @@ def test_a_failing_extend_fails_only_the_questions_after_it(tok_dir, tmp_path):
 
 
 def test_over_length_prompts_are_flagged_not_cut(tok_dir, tmp_path):
-    cfg = suite_dict(tok_dir, models=({"name": "oracle", "options": {"max_length": 150}},),
+    # Length 200 is beyond the oracle's 150 but within the (unlimited) forgetful model's reach,
+    # so it is run and the oracle's over-length prompts are flagged (a length beyond every
+    # model's maximum is refused instead: tests/test_hardening_runner.py).
+    cfg = suite_dict(tok_dir, models=({"name": "oracle", "options": {"max_length": 150}},
+                                      {"name": "forgetful", "options": {"capacity": 1000}}),
                      tasks=("toy_recall",), lengths=[64, 200], depths=[0.5], loads=[2], samples=2)
     outcome = run(cfg, tmp_path / "r")
     samples = read_samples(tmp_path / "r")
     flagged = [s for s in samples if s["flag"]]
     assert flagged and len(flagged) < len(samples) and outcome.flagged == len(flagged)
     for s in samples:
-        over = s["prompt_tokens"] > 150
+        over = s["model"] == "oracle" and s["prompt_tokens"] > 150
         assert (s["flag"] == "over_length") == over
         assert (s["prediction"] is None) == over and (s["scores"] == {}) == over
     res = json.loads((tmp_path / "r" / "results.json").read_text())
-    long_row = next(r for r in res["rows"] if r["target_length"] == 200)
+    long_row = next(r for r in res["rows"] if r["target_length"] == 200
+                    and r["model"] == "oracle")
     assert long_row["n_flagged"] == sum(s["target_length"] == 200 for s in flagged) > 0
     assert res["failures"] == 0 and res["summary"]["flagged"] == len(flagged)
 

@@ -21,7 +21,9 @@ samples.jsonl is always written.
 
 Exit status: 0 when every sample was evaluated (over-length samples are flagged, not failed);
 1 when any sample failed (each failure is in samples.jsonl with its error; the rest of the run
-is complete); 2 for bad input (nothing is run); 130 when interrupted (Ctrl-C or SIGTERM: the
+is complete), or when the system failed mid-run (a full disk: one line naming the file; the run
+directory is resumable); 2 for bad input (nothing is run, and a new run directory is removed
+again); 130 when interrupted (Ctrl-C or SIGTERM: the
 run directory is resumable with --resume).
 """
 from __future__ import annotations

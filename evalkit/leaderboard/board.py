@@ -15,6 +15,8 @@ from evalkit.leaderboard.tables import (aggregate, by_length, cell_rows, choose_
                                         model_kinds, with_primary)
 
 
+
+
 @dataclass
 class Options:
     threshold: float = derived.DEFAULT_THRESHOLD

@@ -4,20 +4,28 @@ Everything is built in a temporary folder next to the target (same file system),
 in with renames: the old folder is renamed aside, the new one renamed in, the old one removed.
 Any failure before the swap (a bad run, a plotting bug, a full disk) removes the temporary
 folder and leaves the previous leaderboard exactly as it was.
+
+publish owns only the files it writes (listed under "files" in results.json); anything else a
+user put in the folder (NOTES.md, extra/) is copied into the new folder before the swap. One
+publish at a time per parent folder: an flock on the parent serializes concurrent publishes, so
+the rename-aside/rename-in pair never interleaves with another one.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import tempfile
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import pandas as pd
 
+from evalkit import atomic
 from evalkit.leaderboard import plots as P
 from evalkit.leaderboard.board import Board, Options, build, records
 from evalkit.leaderboard.derived import KNEE_LEVEL
@@ -25,6 +33,8 @@ from evalkit.leaderboard.load import expand_run_dirs, load_run
 
 FORMAT = "evalkit-leaderboard/1"  # marks a folder publish may replace
 _REPLACEABLE_EXTRAS = {".gitkeep"}
+# What a leaderboard written before results.json listed its files owned.
+_LEGACY_OWNED = ("results.csv", "gaps.csv", "results.json", "README.md", "plots/*.png")
 
 
 @dataclass
@@ -67,16 +77,70 @@ def publish(run_dirs: Sequence[str | os.PathLike], to: str | os.PathLike,
     runs = [load_run(p) for p in expand_run_dirs(run_dirs)]  # fail before touching anything
     board = build(runs, options)
     drift = [(str(d), read_report(d)) for d in compare]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.new-"))
     try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a leaderboard is for reading
-        files, skipped = write_board(board, tmp, [str(p) for p in run_dirs], drift)
-        _swap(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--to {to}: cannot create its parent folder ({e.strerror})") from None
+    with _locked(target.parent):
+        check_target(target)  # again: another publish may have written it meanwhile
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.new-"))
+        try:
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; a leaderboard is for reading
+            files, skipped = write_board(board, tmp, [str(p) for p in run_dirs], drift,
+                                         shown=target)
+            _keep_foreign(target, tmp, {f.relative_to(tmp).as_posix() for f in files})
+            _swap(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return Published(target, board, [target / f.relative_to(tmp) for f in files], skipped)
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive flock on `folder` itself (nothing is written), held while swapping."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _owned(target: Path) -> set[str]:
+    """Relative paths of the files the previous publish wrote."""
+    try:
+        listed = json.loads((target / "results.json").read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        listed = None
+    if isinstance(listed, list):
+        return {str(f) for f in listed} | {"results.json"}
+    return {p.relative_to(target).as_posix() for pat in _LEGACY_OWNED for p in target.glob(pat)}
+
+
+def _keep_foreign(target: Path, new: Path, written: set[str]) -> None:
+    """Copy what publish did not write (a user's notes, folders) from `target` into `new`;
+    a foreign file where the new leaderboard writes one is refused, naming it."""
+    if not target.is_dir():
+        return
+    owned = _owned(target)
+    for root, dirs, names in os.walk(target):
+        rel_root = Path(root).relative_to(target)
+        for d in dirs:
+            src = target / rel_root / d
+            if src.is_symlink():  # os.walk does not enter it: keep the link itself
+                if (rel_root / d).as_posix() not in owned:
+                    os.symlink(os.readlink(src), new / rel_root / d)
+            else:
+                (new / rel_root / d).mkdir(exist_ok=True)
+        for name in names:
+            rel = (rel_root / name).as_posix()
+            if rel in owned:
+                continue
+            if rel in written:
+                raise ValueError(f"--to {target}: {target / rel} was not written by publish and "
+                                 f"the new leaderboard writes a file there; move it away first")
+            shutil.copy2(target / rel, new / rel, follow_symlinks=False)
 
 
 def _swap(new: Path, target: Path) -> None:
@@ -94,7 +158,9 @@ def _swap(new: Path, target: Path) -> None:
 
 
 def write_board(board: Board, out: Path, run_paths: Sequence[str],
-                drift: Sequence[tuple[str, dict]] = ()) -> tuple[list[Path], list[str]]:
+                drift: Sequence[tuple[str, dict]] = (),
+                shown: Path | None = None) -> tuple[list[Path], list[str]]:
+    """Write the leaderboard into `out` (`shown`: the folder it will become, for messages)."""
     from evalkit import __version__
     from evalkit.compare import summary_rows, to_json
     from evalkit.leaderboard.readme import render
@@ -136,19 +202,19 @@ def write_board(board: Board, out: Path, run_paths: Sequence[str],
         "plots": {k: [rel for _, rel in v] for k, v in sections.items()},
         "skipped_plots": skipped,
     }
-    (out / "results.json").write_text(
-        json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False, default=str) + "\n",
-        encoding="utf-8")
-    files.append(out / "results.json")
     if drift:
         (out / "drift.json").write_text(to_json({"reports": [r for _, r in drift]}),
                                         encoding="utf-8")
         pd.DataFrame([r for _, rep in drift for r in summary_rows(rep)]).to_csv(
             out / "drift.csv", index=False)
         files += [out / "drift.json", out / "drift.csv"]
+    files += [out / "results.json", out / "README.md"]
+    doc["files"] = sorted(f.relative_to(out).as_posix() for f in files)
+    (out / "results.json").write_text(
+        atomic.dumps(doc, (shown or out) / "results.json", indent=1, default=str) + "\n",
+        encoding="utf-8")
     (out / "README.md").write_text(render(board, run_paths, sections, skipped, __version__,
                                           drift), encoding="utf-8")
-    files.append(out / "README.md")
     return files, skipped
 
 

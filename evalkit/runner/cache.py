@@ -9,7 +9,8 @@ stores that material next to the SampleResult. So:
 - a store written by another evalkit version or cache schema is detected when it is opened
   (`CACHE.json` manifest) and refused with a clear error, never reused;
 - an entry whose stored material does not match the key it was looked up under (a copied or
-  tampered file) is reported and recomputed.
+  tampered file), or whose content does not match its stored sha256 (a hand-edited result),
+  is reported and recomputed.
 Only successful samples are stored: failures are retried by a resumed run. Over-length flags are
 not stored either (they cost nothing to recompute).
 
@@ -32,8 +33,16 @@ CACHE_SCHEMA = 1
 MANIFEST = "CACHE.json"
 
 
-class CacheMismatch(ValueError):
+class CacheError(ValueError):
+    """The store cannot be used (its root is a file, an unreadable manifest, ...)."""
+
+
+class CacheMismatch(CacheError):
     """The store was written by another evalkit version or cache schema."""
+
+
+def _checksum(key: dict, result: dict) -> str:
+    return hashlib.sha256(canonical_json({"key": key, "result": result}).encode()).hexdigest()
 
 
 class SampleCache:
@@ -49,8 +58,14 @@ class SampleCache:
     def _open(self) -> None:
         path = self.root / MANIFEST
         want = self._manifest()
+        if self.root.exists() and not self.root.is_dir():
+            raise CacheError(f"--cache-dir {self.root}: expected a folder, got a file")
         if not path.exists():
-            atomic.write_json(path, want)
+            try:
+                atomic.write_json(path, want)
+            except OSError as e:
+                raise CacheError(f"--cache-dir {self.root}: cannot write {MANIFEST} "
+                                 f"({e.strerror})") from None
             return
         try:
             have = json.loads(path.read_text())
@@ -83,8 +98,11 @@ class SampleCache:
         except (OSError, json.JSONDecodeError) as e:
             self._report(path, f"unreadable ({e})")
             return None
-        if entry.get("key") != key:
+        if not isinstance(entry, dict) or entry.get("key") != key:
             self._report(path, "its stored key material differs from the key it was read for")
+            return None
+        if entry.get("sha256") != _checksum(key, entry.get("result")):
+            self._report(path, "its content does not match its sha256 (edited or corrupt)")
             return None
         self.hits += 1
         return SampleResult.from_dict(entry["result"])
@@ -98,7 +116,9 @@ class SampleCache:
     def put(self, key: dict, sample: SampleResult) -> None:
         if sample.error is not None or sample.flag is not None:
             return
-        atomic.write_json(self.path(key), {"key": key, "result": sample.to_dict()})
+        result = sample.to_dict()
+        atomic.write_json(self.path(key), {"key": key, "result": result,
+                                           "sha256": _checksum(key, result)})
 
     def stats(self) -> dict[str, Any]:
         return {"hits": self.hits, "misses": self.misses, "stale": self.stale}

@@ -11,6 +11,7 @@ KeyboardInterrupt is never caught here.
 """
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from dataclasses import dataclass
@@ -85,6 +86,11 @@ def answer(run: ModelRun, item: Item, state: Any, *, consume: bool, feed: bool =
         if len(q.candidates) >= 2:
             conts = [continuation_ids(model.tokenizer, c) for c in q.candidates]
             logprobs = [float(x) for x in model.score(s, conts)]
+            if not all(map(math.isfinite, logprobs)):
+                # NaN weights or a NaN config value: a score of 0 would look like forgetting.
+                raise FloatingPointError(f"score() returned non-finite log-probabilities "
+                                         f"{logprobs} for {q.candidates}: the model's numbers "
+                                         f"are broken (NaN weights or config?)")
             sample.candidate_logprobs = logprobs
         sample.scores = score_sample(sample.prediction, q.gold, logprobs)
         sample.state_bytes = int(model.state_bytes(s))

@@ -9,6 +9,7 @@ an interrupted-and-resumed run and an uninterrupted one except the timestamps.
 from __future__ import annotations
 
 import hashlib
+import math
 import platform
 import subprocess
 import sys
@@ -67,6 +68,8 @@ def jsonable(obj: Any) -> Any:
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)  # "nan", "inf": recorded, but never as a bare non-JSON number
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     return str(obj)

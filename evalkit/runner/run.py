@@ -20,11 +20,11 @@ from typing import Any, Iterator
 
 from evalkit import __version__
 from evalkit.adapter import check_identity
-from evalkit.probe import Probe
+from evalkit.probe import Probe, canonical_json
 from evalkit.render import Rendered, render
 from evalkit.result import SampleResult
 from evalkit.runner import aggregate, distributed, provenance, rundir
-from evalkit.runner.cache import CacheMismatch, SampleCache
+from evalkit.runner.cache import CacheError, CacheMismatch, SampleCache
 from evalkit.runner.execute import ModelRun, base_sample, execute, failed
 from evalkit.runner.plan import Item, build_plan
 from evalkit.runner.suite import ResolvedModel, ResolvedSuite, ResolvedTask, SuiteError
@@ -64,6 +64,7 @@ class _Session:
         self.pairs: list[dict] = []                   # prefill stats per model x task
         self.probes: dict[str, dict] = {}             # hash -> probe dict (--log-samples)
         self._probe_memo: dict[tuple[str, str], list[Probe]] = {}
+        self.maxima: dict[str, int | None] = {}
         self.cached = self.computed = self.tokens_run = 0
 
     # -- models ---------------------------------------------------------------------------
@@ -72,10 +73,19 @@ class _Session:
 
         from evalkit.models import load_model
 
-        adapter = load_model(m.spec, **m.options)
+        try:
+            adapter = load_model(m.spec, **m.options)
+        except (TypeError, ValueError) as e:  # unknown or bad options: the user's input
+            raise SuiteError(f"{self.resolved.source}: model {m.name!r} ({m.spec}): "
+                             f"{e}") from e
         identity = provenance.jsonable(check_identity(dict(adapter.identity()), m.spec))
         mhash = provenance.identity_hash(identity, m.options)
         kind = str(adapter.state_kind)
+        same = [n for n, d in self.models.items() if d["hash"] == mhash]
+        if same:
+            raise SuiteError(f"{self.resolved.source}: models {same[0]!r} and {m.name!r} are the "
+                             f"same model (identical identity and options); list it once")
+        self._check_lengths(mi, m.name, getattr(adapter, "max_length", None))
         self.models[m.name] = {**identity, "hash": mhash, "spec": m.spec,
                                "options": provenance.jsonable(m.options), "state_kind": kind,
                                "max_length": getattr(adapter, "max_length", None)}
@@ -88,6 +98,22 @@ class _Session:
             self.run_pair(run, mi, ti, task)
         del run, adapter
         gc.collect()
+
+    def _check_lengths(self, mi: int, name: str, max_len: int | None) -> None:
+        """Refuse a target length beyond every model's maximum before building its probes
+        (such probes would all be flagged, after costing time and memory to make). Maxima are
+        known as models load, so with several models the check runs at the last one."""
+        self.maxima[name] = max_len
+        if mi != len(self.resolved.models) - 1 or None in self.maxima.values():
+            return
+        longest = max(self.maxima.values())
+        for task in self.resolved.tasks:
+            for L in task.lengths:
+                if L > longest:
+                    limits = ", ".join(f"{n} max_length {v}" for n, v in self.maxima.items())
+                    raise SuiteError(f"{self.resolved.source}: task {task.name!r}: length {L} is "
+                                     f"beyond every model's maximum ({limits}); choose lengths "
+                                     f"up to {longest}")
 
     def probes_for(self, task: ResolvedTask, tokenizer: Any) -> list[Probe]:
         """The task's probes for this tokenizer (lengths are in its tokens), made once."""
@@ -104,6 +130,7 @@ class _Session:
                     # length): a config problem. Anything else is a bug in the task.
                     kind = SuiteError if isinstance(e, ValueError) else RuntimeError
                     raise kind(where) from e
+            check_distinct_probes(task, probes)
             self._probe_memo[key] = probes
         return self._probe_memo[key]
 
@@ -175,6 +202,44 @@ class _Session:
                 bar.close()
 
 
+def check_distinct_probes(task: ResolvedTask, probes: list[Probe]) -> None:
+    """Two grid points must not make the same probe (a generator ignoring its seed or grid):
+    their samples would be indistinguishable and publish would refuse the run."""
+    seen: dict[str, int] = {}
+    for i, probe in enumerate(probes):
+        j = seen.setdefault(probe.hash, i)
+        if j != i:
+            a, b = task.points[j], task.points[i]
+            raise SuiteError(
+                f"task {task.name!r} ({task.spec.source}): generator {task.spec.generator_ref} "
+                f"returned identical probes for (length={a.length}, depth={a.depth}, "
+                f"load={a.load}, sample {a.index}) and (length={b.length}, depth={b.depth}, "
+                f"load={b.load}, sample {b.index}); each grid point needs its own probe "
+                f"(use the seed it is given)")
+
+
+def check_distinct_models(resolved: ResolvedSuite) -> None:
+    """One model listed under two names would make two indistinguishable result sets."""
+    seen: dict[str, str] = {}
+    for m in resolved.models:
+        key = canonical_json([m.spec, provenance.jsonable(m.options)])
+        if seen.setdefault(key, m.name) != m.name:
+            raise SuiteError(f"{resolved.source}: models {seen[key]!r} and {m.name!r} are the "
+                             f"same model (spec {m.spec!r} with the same options); list it once")
+
+
+def check_lm_eval_tasks(names) -> None:
+    """Unknown lm-eval task names are bad input: refuse them before anything is evaluated."""
+    try:
+        from lm_eval.tasks import TaskManager
+    except ModuleNotFoundError:
+        raise SuiteError("--lm-eval-tasks needs lm-eval installed (pip install lm-eval)") from None
+    tm = TaskManager()
+    unknown = [t for t in names if not tm.match_tasks([t])]
+    if unknown:
+        raise SuiteError(f"--lm-eval-tasks: unknown lm-eval task(s) {', '.join(unknown)}")
+
+
 @contextmanager
 def _torch_threads(n: int | None) -> Iterator[None]:
     """torch's CPU thread count set to `n` for the evaluation, restored after (a library call
@@ -232,33 +297,68 @@ def run_suite(resolved: ResolvedSuite, *, output: str | Path | None = None, resu
     t0, started = time.perf_counter(), provenance.utc_now()
     suite = resolved.suite
 
-    # Rank 0 creates (or checks) the run directory and cache; every rank learns the outcome,
-    # so a refusal ends all ranks instead of leaving them waiting in a collective.
+    check_distinct_models(resolved)
+    if suite.lm_eval_tasks and dist.is_main:
+        check_lm_eval_tasks(suite.lm_eval_tasks)
+
+    # Rank 0 creates (or checks) and locks the run directory and cache; every rank learns the
+    # outcome, so a refusal ends all ranks instead of leaving them waiting in a collective.
     msg: Any = None
+    prep: rundir.Prepared | None = None
     if dist.is_main:
+        made = None
         try:
-            path = (Path(output) if output
-                    else Path(runs_root) / rundir.default_run_id(resolved.config_hash))
-            earlier = rundir.prepare(path, resolved.document(), resume=resume) or None
+            if output:
+                path = Path(output)
+            else:
+                path = made = rundir.new_run_dir(Path(runs_root), resolved.config_hash)
+            prep = rundir.prepare(path, resolved.document(), resume=resume, created=made is not None)
             SampleCache(Path(suite.cache_dir) if suite.cache_dir else path / rundir.CACHE)
-            msg = (str(path), earlier, None)
-        except (rundir.RunDirError, CacheMismatch) as e:
-            msg = (None, None, f"{type(e).__name__}:{e}")
-    path_s, earlier, err = dist.broadcast(msg)
+            msg = (str(path), prep.earlier, prep.done, None)
+        except (rundir.RunDirError, CacheError) as e:
+            if prep is not None:
+                rundir.discard(prep) if prep.earlier is None else rundir.release(prep)
+            elif made is not None:
+                made.rmdir()
+            msg = (None, None, None, f"{type(e).__name__}:{e}")
+    path_s, earlier, done, err = dist.broadcast(msg)
     if err:
         kind, _, text = err.partition(":")
-        raise (CacheMismatch if kind == "CacheMismatch" else rundir.RunDirError)(text)
-    path = Path(path_s)
+        raise {"CacheMismatch": CacheMismatch, "CacheError": CacheError}.get(
+            kind, rundir.RunDirError)(text)
+    sessions: list[_Session] = []
+    try:
+        outcome = _run(resolved, Path(path_s), earlier, done, dist, progress, argv, t0, started,
+                       sessions)
+    except BaseException:
+        # A new run that evaluated nothing is removed (bad option, missing checkpoint,
+        # impossible grid): fixing the input and re-running with the same --output works.
+        # One that evaluated something stays, resumable.
+        if prep is not None and prep.earlier is None and not any(x.computed for x in sessions):
+            rundir.discard(prep)
+            prep = None
+        raise
+    finally:
+        if prep is not None:
+            rundir.release(prep)
+    return outcome
+
+
+def _run(resolved: ResolvedSuite, path: Path, earlier: dict | None, done: bool,
+         dist: distributed.Dist, progress: bool, argv: list[str] | None, t0: float,
+         started: str, sessions: list[_Session]) -> RunOutcome:
+    suite = resolved.suite
     cache = SampleCache(Path(suite.cache_dir) if suite.cache_dir else path / rundir.CACHE)
     first_start = (earlier or {}).get("started") or started
     resumed = list((earlier or {}).get("resumed", [])) + ([started] if earlier is not None else [])
     tasks = _task_info(resolved)
-    if dist.is_main:
+    if dist.is_main and not done:  # a finished run's provenance stays until it is rewritten
         rundir.write_start(path, provenance.collect(
             config_hash=resolved.config_hash, seed=suite.seed, models={}, tasks=tasks,
             started=first_start, resumed=resumed))
 
     session = _Session(resolved, path, cache, dist, progress)
+    sessions.append(session)  # the caller learns what was computed if this raises
     outcome = RunOutcome(path, rank=dist.rank)
     try:
         with _torch_threads(suite.threads):

@@ -9,12 +9,20 @@
     execution.json    per invocation: argv, world size, cache hits, wall time, interrupted?
     cache/            the content-addressed sample store (unless --cache-dir points elsewhere)
     DONE              the completion marker, written last: a directory without it is partial
+    .lock             flock'ed by the process writing the folder (holds its pid)
 
 Every file is written atomically (evalkit.atomic): a reader sees the old or the new version.
+A finished run is only touched once its outputs are rewritten: a resume that fails (a moved
+checkpoint, a bad option) leaves DONE and provenance.json as they were. A new run that fails
+before evaluating anything is removed again, so the same --output works once the input is fixed.
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import shutil
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
@@ -23,6 +31,7 @@ from evalkit import atomic
 
 CONFIG, PROVENANCE, SAMPLES, RESULTS = "config.json", "provenance.json", "samples.jsonl", "results.json"
 PROBES, EXECUTION, CACHE, DONE = "probes.jsonl", "execution.json", "cache", "DONE"
+LOCK = ".lock"
 
 
 class RunDirError(ValueError):
@@ -34,6 +43,25 @@ def default_run_id(config_hash: str, now: datetime | None = None) -> str:
     return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{config_hash[:8]}"
 
 
+def new_run_dir(root: Path, config_hash: str) -> Path:
+    """Create the default run directory; runs started in the same second get -2, -3, ..."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunDirError(f"--runs-dir {root}: cannot create the folder ({e.strerror})") from None
+    base = default_run_id(config_hash)
+    for i in range(1, 1000):
+        path = root / (base if i == 1 else f"{base}-{i}")
+        try:
+            path.mkdir()  # exclusive: of two runs, exactly one gets each name
+            return path
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise RunDirError(f"--runs-dir {root}: cannot create {path.name} ({e.strerror})") from None
+    raise RunDirError(f"--runs-dir {root}: 999 runs named {base}* already exist")
+
+
 def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -41,27 +69,100 @@ def read_json(path: Path) -> Any:
         return None
     except json.JSONDecodeError as e:
         raise RunDirError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise RunDirError(f"{path}: cannot read ({e.strerror})") from None
 
 
 def stored_config(path: Path) -> dict:
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"--resume {path}: expected a run folder, got a file")
     doc = read_json(path / CONFIG)
     if doc is None:
         raise RunDirError(f"{path}: not a run directory (no {CONFIG}); nothing to resume")
     return doc
 
 
-def prepare(path: Path, document: dict, *, resume: bool) -> dict:
-    """Create the run directory (or check it for resuming). Returns the earlier provenance
-    of a resumed run (for its start time), else {}. Resuming a directory that does not exist
-    yet (or is empty) starts it, so `--resume --output DIR` is safe to repeat."""
-    fresh = not path.exists() or not any(path.iterdir())
-    if not resume or fresh:
-        if path.exists() and any(path.iterdir()):
+@dataclass
+class Prepared:
+    """A run directory held by this process (its .lock flock'ed)."""
+    path: Path
+    earlier: dict | None   # a resumed run's earlier provenance; None for a new run
+    created: bool          # this process made the folder
+    done: bool             # it holds a finished run (DONE)
+    lock_fd: int
+
+
+def _entries(path: Path) -> list[str]:
+    return [p.name for p in path.iterdir() if p.name != LOCK]
+
+
+def _lock(path: Path) -> int:
+    lock = path / LOCK
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise RunDirError(f"{path}: cannot write in the run folder ({e.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RunDirError(f"{path} is in use by another evalkit run (pid {pid}, lock {lock}); "
+                          f"wait for it to finish, or stop it and resume") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def release(prep: Prepared) -> None:
+    os.close(prep.lock_fd)
+
+
+def discard(prep: Prepared) -> None:
+    """Remove a new run's folder (everything in it is this process's), then release it."""
+    if prep.created:
+        shutil.rmtree(prep.path, ignore_errors=True)
+    else:  # the user's empty folder: keep it, empty
+        for p in prep.path.iterdir():
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    release(prep)
+
+
+def prepare(path: Path, document: dict, *, resume: bool, created: bool = False) -> Prepared:
+    """Create the run directory (or check it for resuming) and lock it. Resuming a directory
+    that does not exist yet (or is empty) starts it, so `--resume --output DIR` is safe to
+    repeat. `created`: the caller made the (empty) folder."""
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"--output {path}: expected a run folder, got a file")
+    if not resume and path.exists() and _entries(path):
+        raise RunDirError(f"{path} already exists and is not empty; pass --resume to "
+                          f"continue that run, or choose another --output")
+    created = created or not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunDirError(f"--output {path}: cannot create the run folder ({e.strerror})") from None
+    prep = Prepared(path, None, created, False, _lock(path))
+    if not _entries(path):
+        try:
+            atomic.write_json(path / CONFIG, document)
+        except OSError as e:
+            discard(prep)
+            raise RunDirError(f"{path / CONFIG}: cannot write ({e.strerror})") from None
+        return prep
+    try:
+        if not resume:  # another run filled it between the check above and the lock
             raise RunDirError(f"{path} already exists and is not empty; pass --resume to "
                               f"continue that run, or choose another --output")
-        path.mkdir(parents=True, exist_ok=True)
-        atomic.write_json(path / CONFIG, document)
-        return {}
+        prep.earlier = _check_resumable(path, document)
+    except BaseException:
+        release(prep)
+        raise
+    prep.done = (path / DONE).exists()
+    return prep
+
+
+def _check_resumable(path: Path, document: dict) -> dict:
     stored = stored_config(path)
     if stored.get("config_hash") != document["config_hash"]:
         old, new = stored.get("resolved", {}), document["resolved"]
@@ -72,7 +173,6 @@ def prepare(path: Path, document: dict, *, resume: bool) -> dict:
             f"{document['config_hash'][:12]} (differs in: {', '.join(keys) or 'unknown'}). "
             f"Resume with the same settings (`evalkit run --resume {path}` alone reuses its "
             f"config.json), or start a new run.")
-    (path / DONE).unlink(missing_ok=True)  # it is being rewritten: no longer complete
     return read_json(path / PROVENANCE) or {}
 
 
@@ -89,6 +189,7 @@ def append_execution(path: Path, record: dict) -> None:
 def finish(path: Path, *, samples: Iterable[dict], results: dict, provenance: dict,
            probes: Iterable[dict] | None = None) -> None:
     """Write the outputs, then DONE (last: its presence means everything else is complete)."""
+    (path / DONE).unlink(missing_ok=True)  # being rewritten: no longer complete until DONE
     n = atomic.write_jsonl(path / SAMPLES, samples)
     if probes is not None:
         atomic.write_jsonl(path / PROBES, probes)

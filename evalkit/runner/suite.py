@@ -32,11 +32,9 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import importlib
-import importlib.util
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -45,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from evalkit.probe import canonical_json
 from evalkit.render import ANSWER_STOP
-from evalkit.taskspec import GridPoint, SpecError, TaskSpec, discover, grid
+from evalkit.taskspec import GridPoint, SpecError, TaskSpec, discover, grid, load_module_file
 from evalkit.yamlfile import read_yaml
 
 # Groups every suite knows; a suite's own `groups:` may add more (not replace these).
@@ -250,16 +248,7 @@ def import_plugins(plugins: Sequence[str], where: str) -> None:
             if not path.is_file():
                 raise SuiteError(f"{where}: key 'plugins': {ref}: no such file")
             mod_name = "evalkit_plugin_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-            if mod_name in sys.modules:
-                continue
-            spec = importlib.util.spec_from_file_location(mod_name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[mod_name] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[mod_name]
-                raise
+            load_module_file(mod_name, path)
         else:
             try:
                 importlib.import_module(ref)
