@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"evalkit {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except OSError as e:  # the environment failed mid-command (disk full, I/O error): exit 1
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"evalkit {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
