@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import struct
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -57,7 +58,7 @@ def _load_gguf(folder: Path, gguf: str, dtype: torch.dtype, common: dict) -> tup
         tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf, **common)
         model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf, dtype=dtype,
                                                      **common)
-    except (ValueError, OSError, KeyError, IndexError, EOFError) as e:
+    except (ValueError, OSError, KeyError, IndexError, EOFError, struct.error) as e:
         raise WeightFileError(f"{folder / gguf}: cannot read this GGUF file ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}); it is truncated, "
                               f"corrupt or of an unsupported architecture") from None
