@@ -22,7 +22,28 @@ def test_preloaded_model_is_handed_to_lm_evals_own_creation():
     assert EvalkitLM.create_from_arg_obj({"name": "oracle"}, extra) is not lm
 
 
-def test_niah_with_only_the_model_name(tmp_path):
+ARGS = ["run", "--model", "evalkit", "--model_args", "name=smollm2-135m", "--tasks", "niah_single_1",
+        "--metadata", '{"max_seq_lengths":[1024]}']  # the command line
+
+
+def _command(route, tmp_path, args):
+    if route == "wrapper":  # evalkit-lm-eval
+        return [sys.executable, "-m", "evalkit.lm_eval.cli", *args]
+    # the plain `lm-eval` console script with the .pth hook (a site dir, processed as
+    # site-packages .pth files are)
+    from evalkit.lm_eval.cli import install_hook
+
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    install_hook(site_dir)
+    script = (f"import site, sys; site.addsitedir({str(site_dir)!r}); "
+              f"from lm_eval.__main__ import cli_evaluate; "
+              f"sys.argv = ['lm-eval', *{args!r}]; cli_evaluate()")
+    return [sys.executable, "-c", script]
+
+
+@pytest.mark.parametrize("route", ["wrapper", "hook"])
+def test_niah_with_only_the_model_name(tmp_path, route):
     from evalkit.model_adapters.embedded import smollm2_gguf_path
 
     try:
@@ -30,11 +51,7 @@ def test_niah_with_only_the_model_name(tmp_path):
     except (ModuleNotFoundError, FileNotFoundError) as e:
         pytest.skip(str(e))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    # the command line, plus --limit 1 and an output folder
-    cmd = [sys.executable, "-m", "evalkit.lm_eval.cli", "run", "--model", "evalkit",
-           "--model_args", "name=smollm2-135m", "--tasks", "niah_single_1",
-           "--metadata", '{"max_seq_lengths":[1024]}', "--limit", "1",
-           "--output_path", str(tmp_path / "out")]
+    cmd = _command(route, tmp_path, ARGS + ["--limit", "1", "--output_path", str(tmp_path / "out")])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
