@@ -10,7 +10,10 @@ The factory is called as `factory(path_or_None, **options)`. `describe(n_tokens)
 `evalkit models` its numbers without loading weights (keys: parameters, state_bytes, dtype,
 and optionally max_length and note); a model without one is a path loader, listed as
 "NAME:PATH". `config` names a config.json that describes the architecture without weights
-(what `evalkit state NAME` reads).
+(what `evalkit state NAME` reads). `options` is the callable whose keyword parameters are the
+model's options (default: the factory itself; a factory that forwards `**options` to an adapter
+class names that class): `load_model` refuses an option it does not list, or a value that does
+not fit its annotation, with a ModelOptionError naming the option.
 
 A spec is a registered name, "name:PATH" (a registered factory applied to a checkpoint path),
 or a path to a checkpoint folder or .gguf file, whose loader is picked from its config.
@@ -20,7 +23,9 @@ does not import torch or transformers.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -46,6 +51,11 @@ class ModelInfo:
     description: str
     describe: Callable[[int], dict] | None = None
     config: Path | None = None
+    options: Callable[..., Any] | None = None  # whose keyword parameters are the options
+
+
+class ModelOptionError(ValueError):
+    """A model option that is unknown, mistyped or impossible here (e.g. device=cuda without CUDA)."""
 
 
 MODELS: Registry[ModelInfo] = Registry("model")
@@ -53,11 +63,12 @@ MODELS: Registry[ModelInfo] = Registry("model")
 
 def register_model(name: str, *, kind: str, state_kind: str, description: str,
                    describe: Callable[[int], dict] | None = None,
-                   config: str | Path | None = None) -> Callable:
+                   config: str | Path | None = None,
+                   options: Callable[..., Any] | None = None) -> Callable:
     """Decorator declaring `factory(path_or_None, **options)` as model `name`."""
     def deco(factory: Callable[..., ModelAdapter]) -> Callable[..., ModelAdapter]:
         info = ModelInfo(name, factory, kind, state_kind, description, describe,
-                         None if config is None else Path(config))
+                         None if config is None else Path(config), options)
         MODELS.add(name, info, origin=getattr(factory, "__module__", ""))
         return factory
     return deco
@@ -114,9 +125,52 @@ def resolve_spec(spec: str) -> tuple[ModelInfo, str | None]:
     raise AssertionError("unreachable")
 
 
+def option_types(info: ModelInfo) -> dict[str, Any] | None:
+    """{option: its annotation (None when unknown)} for a model, or None when it takes any
+    keyword (a factory with **options and no `options=` declaration)."""
+    target = info.options or info.factory
+    params = list(inspect.signature(target).parameters.values())[1:]  # [0] is the path
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    try:
+        hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+    except Exception:  # an annotation that does not resolve: check names only
+        hints = {}
+    return {p.name: hints.get(p.name) for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def check_options(info: ModelInfo, options: dict[str, Any]) -> None:
+    """Raise ModelOptionError for an option `info` does not take or a value of the wrong type."""
+    types = option_types(info)
+    if types is None:
+        return
+    unknown = sorted(set(options) - set(types))
+    if unknown:
+        raise ModelOptionError(f"model {info.name!r}: unknown option(s) {', '.join(unknown)} "
+                               f"(accepted: {', '.join(sorted(types))})")
+    from pydantic import TypeAdapter, ValidationError
+
+    for key, value in options.items():
+        hint = types[key]
+        if hint is None or hint is Any:
+            continue
+        try:
+            adapter = TypeAdapter(hint)
+        except Exception:  # a type pydantic cannot check (torch.dtype, ...): the adapter checks
+            continue
+        try:  # strict: YAML already parsed numbers and booleans, so "12" is not an int here
+            adapter.validate_python(value, strict=True)
+        except ValidationError:
+            expected = str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            raise ModelOptionError(f"model {info.name!r}: option {key}={value!r}: expected "
+                                   f"{expected}") from None
+
+
 def load_model(spec: str, **options: Any) -> ModelAdapter:
     """Return an adapter for a registered name, "name:PATH", or a checkpoint path."""
     info, path = resolve_spec(spec)
+    check_options(info, options)
     return info.factory(path, **options)
 
 

@@ -70,6 +70,9 @@ class Question:
     def __post_init__(self) -> None:
         if not self.gold:
             raise ValueError("Question.gold must hold at least one answer")
+        if any(not isinstance(g, str) or not g.strip() for g in self.gold):
+            raise ValueError(f"Question.gold must hold non-empty strings, got {list(self.gold)!r} "
+                             f"(an empty answer would match an empty prediction)")
         if self.candidates and self.candidates[0] != self.gold[0]:
             raise ValueError("Question.candidates must start with gold[0]")
         if not 0.0 <= self.depth <= 1.0:

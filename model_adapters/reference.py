@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,13 +128,10 @@ class InductionAdapter:
         return 0
 
 
-def _make(name: str, path: str | None, tokenizer: str | None, order: int, capacity: int | None,
-          max_length: int | None, unknown: dict) -> InductionAdapter:
+def _make(name: str, path: str | None, tokenizer: str | os.PathLike | None, order: int,
+          capacity: int | None, max_length: int | None) -> InductionAdapter:
     if path:
         raise ValueError(f"{name}: takes no checkpoint path (got {path!r})")
-    if unknown:
-        raise TypeError(f"{name}: unknown options {sorted(unknown)} "
-                        f"(expected tokenizer, order, capacity, max_length)")
     tok = load_tokenizer(tokenizer or DEFAULT_TOKENIZER)
     return InductionAdapter(name, tok, order=order, capacity=capacity, max_length=max_length)
 
@@ -145,15 +143,13 @@ def _describe(n_tokens: int) -> dict:
 
 @register_model("oracle", kind="reference", state_kind="memory", describe=_describe,
                 description="ideal induction copier, unbounded memory")
-def oracle(path: str | None, *, tokenizer: str | None = None, order: int = 8,
-           capacity: int | None = None, max_length: int | None = None,
-           **unknown: Any) -> InductionAdapter:
-    return _make("oracle", path, tokenizer, order, capacity, max_length, unknown)
+def oracle(path: str | None, *, tokenizer: str | os.PathLike | None = None, order: int = 8,
+           capacity: int | None = None, max_length: int | None = None) -> InductionAdapter:
+    return _make("oracle", path, tokenizer, order, capacity, max_length)
 
 
 @register_model("forgetful", kind="reference", state_kind="memory", describe=_describe,
                 description="induction copier with a 4096-entry memory")
-def forgetful(path: str | None, *, tokenizer: str | None = None, order: int = 8,
-              capacity: int | None = 4096, max_length: int | None = None,
-              **unknown: Any) -> InductionAdapter:
-    return _make("forgetful", path, tokenizer, order, capacity, max_length, unknown)
+def forgetful(path: str | None, *, tokenizer: str | os.PathLike | None = None, order: int = 8,
+              capacity: int | None = 4096, max_length: int | None = None) -> InductionAdapter:
+    return _make("forgetful", path, tokenizer, order, capacity, max_length)

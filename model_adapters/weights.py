@@ -59,3 +59,51 @@ def weights_hash(files: Iterable[str | os.PathLike]) -> str:
         return next(iter(hashes.values()))
     return hashlib.sha256("".join(f"{k}:{v}\n" for k, v in sorted(hashes.items()))
                           .encode()).hexdigest()
+
+
+class WeightFileError(ValueError):
+    """A weight file that is not a complete safetensors file, or holds the wrong kind of tensor."""
+
+
+# safetensors' dtype names of floating-point tensors
+_FLOATING = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+
+
+def safetensors_dtypes(path: str | os.PathLike) -> dict[str, str]:
+    """{tensor name: dtype ("F32", "I8", ...)} from a safetensors file's header, without reading
+    the tensors. Raises WeightFileError naming the file when it is truncated or not safetensors
+    (the header's offsets must cover the whole file, so a cut file is caught here)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise WeightFileError(f"{path}: not a complete safetensors file ({e}); the file is "
+                              f"truncated or corrupt, re-download or re-save it") from None
+
+
+def check_floating(path: str | os.PathLike, names: Iterable[str] | None = None) -> None:
+    """Refuse an integer or boolean tensor (a quantised int8 weight, ...) among `names` (default:
+    every tensor) where the model expects floating-point weights: a cast would silently turn
+    quantised codes into wrong weights."""
+    wanted = None if names is None else set(names)
+    for name, dtype in safetensors_dtypes(path).items():
+        if dtype not in _FLOATING and (wanted is None or name in wanted):
+            raise WeightFileError(f"{path}: tensor {name!r} is {dtype}, expected floating-point "
+                                  f"weights ({', '.join(sorted(_FLOATING))}); a quantised "
+                                  f"checkpoint must be dequantised first")
+
+
+def index_shards(path: str | os.PathLike) -> list[str]:
+    """The shard file names a model.safetensors.index.json lists (its weight_map's values)."""
+    try:
+        index = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise WeightFileError(f"{path}: not valid JSON ({e})") from None
+    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wmap, dict) or not wmap or not all(
+            isinstance(v, str) and v for v in wmap.values()):
+        raise WeightFileError(f"{path}: expected an object with a non-empty \"weight_map\" of "
+                              f"tensor name -> shard file name")
+    return sorted(set(wmap.values()))

@@ -55,7 +55,7 @@ from lm_eval.models.utils import (handle_stop_sequences, has_bos_prefix, normali
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from evalkit.models import load_model
+from evalkit.models import load_model, option_types, resolve_spec
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,10 @@ def prefix_groups(prompts: Sequence[tuple[int, ...]], share_prefix: int = 0
                 continue
         groups.append((p, [p]))
     return groups
+
+
+def _args_key(arg_dict: dict, additional_config: dict | None) -> str:
+    return repr((sorted(arg_dict.items()), sorted((additional_config or {}).items())))
 
 
 @register_model("evalkit")
@@ -132,12 +136,26 @@ class EvalkitLM(TemplateLM):
         # lm-eval passes --device (default "cuda:0"), --batch_size and --max_batch_size here.
         # Only a device the user put in model_args must reach the model; lm-eval's own is a
         # hint (reference models take no device), see _load.
+        preloaded = cls._preloaded.pop(_args_key(arg_dict, additional_config), None)
+        if preloaded is not None:
+            return preloaded
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
         args = dict(arg_dict)
         device = extra.pop("device", None)
         for k, v in extra.items():
             args.setdefault(k, v)
         return cls(**args, _lm_eval_device=device)
+
+    # One-shot handover: instances built early by `preload`, by their construction arguments.
+    _preloaded: dict[str, "EvalkitLM"] = {}
+
+    @classmethod
+    def preload(cls, arg_dict: dict, additional_config: dict | None = None) -> "EvalkitLM":
+        """Build now the model lm-eval will create from these arguments, and hand this instance
+        to that creation (the lm-eval wrapper needs the tokenizer before lm-eval builds tasks)."""
+        lm = cls.create_from_arg_obj(arg_dict, additional_config)
+        cls._preloaded[_args_key(arg_dict, additional_config)] = lm
+        return lm
 
     @staticmethod
     def _load(name: str, options: dict, hint_device: str | None) -> Any:
@@ -155,14 +173,12 @@ class EvalkitLM(TemplateLM):
             return load_model(name, **options)
         if hint_device is None:
             return load_model(name, **options)
-        try:
-            return load_model(name, device=usable(hint_device), **options)
-        except TypeError as e:
-            if "device" not in str(e):
-                raise
+        accepted = option_types(resolve_spec(name)[0])
+        if accepted is not None and "device" not in accepted:
             log.info("evalkit model %r takes no device option; ignoring --device %s",
                      name, hint_device)
             return load_model(name, **options)
+        return load_model(name, device=usable(hint_device), **options)
 
     # -- lm-eval's tokenization hooks --------------------------------------------------------
     @property

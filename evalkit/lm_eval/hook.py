@@ -7,13 +7,17 @@ points are read. `python -m evalkit.lm_eval.cli --install-hook` writes a one-lin
 into site-packages that runs this file at interpreter start. It only adds an import finder
 (no lm-eval, torch or evalkit import): when `lm_eval.api.registry` is first imported, it
 registers "evalkit" as a lazy "module:Class" entry, which lm-eval imports only when
-`--model evalkit` is asked for. This file must stay dependency-free and must never raise.
+`--model evalkit` is asked for; when lm-eval's `run` command module is imported, its runner
+gets evalkit.lm_eval.cli.supply_tokenizer in front (for `--model evalkit` only), so RULER-style
+tasks get the model's tokenizer as with the evalkit-lm-eval wrapper. This file must stay
+dependency-free and must never raise.
 """
 import importlib.abc
 import importlib.machinery
 import sys
 
 TARGET = "lm_eval.api.registry"
+RUN_COMMAND = "lm_eval._cli.run"
 ENTRY = ("evalkit", "evalkit.lm_eval.bridge:EvalkitLM")
 
 
@@ -30,14 +34,38 @@ def _register(module) -> None:
         pass
 
 
+def _supply_tokenizer(module) -> None:
+    try:
+        run = module.Run
+        original = run._execute  # bound into the parser when lm-eval builds it, after this
+
+        def _execute(args):
+            if getattr(args, "model", None) == "evalkit":
+                from evalkit.lm_eval.cli import supply_tokenizer
+
+                supply_tokenizer(args)
+            return original(args)
+
+        run._execute = staticmethod(_execute)
+    except Exception:  # a broken hook must not break lm-eval
+        pass
+
+
+AFTER_IMPORT = {TARGET: _register, RUN_COMMAND: _supply_tokenizer}
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     evalkit_lm_eval_hook = True  # marker: this file may be loaded more than once
 
+    def __init__(self):
+        self.pending = dict(AFTER_IMPORT)
+
     def find_spec(self, name, path, target=None):
-        if name != TARGET:
+        after = self.pending.pop(name, None)
+        if after is None:
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)  # one shot
+        if not self.pending and self in sys.meta_path:
+            sys.meta_path.remove(self)  # one shot per module
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
@@ -45,17 +73,22 @@ class _Finder(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             loader_exec(module)
-            _register(module)
+            after(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
 def install() -> None:
-    if TARGET in sys.modules:  # lm-eval already imported (hook loaded late): register now
-        _register(sys.modules[TARGET])
-    elif not any(getattr(f, "evalkit_lm_eval_hook", False) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    if any(getattr(f, "evalkit_lm_eval_hook", False) for f in sys.meta_path):
+        return
+    finder = _Finder()
+    for name, after in AFTER_IMPORT.items():
+        if name in sys.modules:  # lm-eval already imported (hook loaded late): apply now
+            after(sys.modules[name])
+            finder.pending.pop(name)
+    if finder.pending:
+        sys.meta_path.insert(0, finder)
 
 
 install()

@@ -20,6 +20,7 @@ import torch
 from evalkit.model_adapters.dtypes import parse_dtype
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.model import GLAForCausalLM
+from evalkit.model_adapters.weights import check_floating, index_shards
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -42,8 +43,7 @@ def expected_shapes(cfg: GLAConfig) -> dict[str, tuple[int, ...]]:
 def weight_files(folder: str | os.PathLike) -> list[Path]:
     folder = Path(folder)
     if (folder / INDEX).is_file():
-        index = json.loads((folder / INDEX).read_text())
-        names = sorted(set(index.get("weight_map", {}).values()))
+        names = index_shards(folder / INDEX)
         missing = [n for n in names if not (folder / n).is_file()]
         if missing:
             raise CheckpointError(f"{folder / INDEX}: shard file(s) not found: {', '.join(missing)}")
@@ -57,10 +57,13 @@ def weight_files(folder: str | os.PathLike) -> list[Path]:
 
 
 def read_tensors(files: Iterable[Path]) -> dict[str, torch.Tensor]:
+    """Every tensor of the files; a truncated or corrupt file, or a non-floating tensor (every
+    GLA weight is floating point), raises naming the file and tensor."""
     from safetensors.torch import load_file
 
     out: dict[str, torch.Tensor] = {}
     for p in files:
+        check_floating(p)
         for k, v in load_file(str(p)).items():
             if k in out:
                 raise CheckpointError(f"tensor {k!r} appears in more than one shard ({p.name})")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import struct
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -14,8 +15,54 @@ from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
 from evalkit.model_adapters.softmax import kv_cache
 from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
 from evalkit.model_adapters.softmax.kv_cache import KVProfile, KVState, kv_profile, matched_window
-from evalkit.model_adapters.weights import weights_hash
-from evalkit.models import describe_model, register_model
+from evalkit.model_adapters.weights import (WeightFileError, check_floating, index_shards,
+                                            safetensors_dtypes, weights_hash)
+from evalkit.models import ModelOptionError, describe_model, register_model
+
+INDEX = "model.safetensors.index.json"
+
+
+def torch_device(device: str) -> torch.device:
+    """The torch device for the `device` option; a ModelOptionError for a name torch does not
+    know or a CUDA device this machine lacks (instead of a failure deep inside the load)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ModelOptionError(f"device={device!r}: expected cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelOptionError(f"device={device!r} requested but CUDA is not available here "
+                               f"(use device=cpu)")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ModelOptionError(f"device={device!r}: this machine has "
+                               f"{torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+def _check_folder_weights(folder: Path) -> list[Path]:
+    """The folder's safetensors files, each checked to be complete before transformers reads it
+    (its own errors name no file); a corrupt index is named too."""
+    if (folder / INDEX).is_file():
+        index_shards(folder / INDEX)
+    files = sorted(folder.glob("*.safetensors"))
+    for f in files:
+        safetensors_dtypes(f)
+    return files
+
+
+def _load_gguf(folder: Path, gguf: str, dtype: torch.dtype, common: dict) -> tuple[Any, Any]:
+    """(tokenizer, model) from a GGUF file; a file the GGUF reader cannot parse (truncated,
+    not GGUF) raises WeightFileError naming it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf, **common)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf, dtype=dtype,
+                                                     **common)
+    except (ValueError, OSError, KeyError, IndexError, EOFError, struct.error) as e:
+        raise WeightFileError(f"{folder / gguf}: cannot read this GGUF file ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}); it is truncated, "
+                              f"corrupt or of an unsupported architecture") from None
+    return tok, model
 
 
 class SoftmaxAdapter:
@@ -27,14 +74,14 @@ class SoftmaxAdapter:
                  sink: int = 0, max_length: int | None = None, prefill_chunk: int = 2048,
                  score_batch: int = 32, score_batch_bytes: int = 2 << 30,
                  extra_identity: dict | None = None) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         from evalkit.tokenization import load_tokenizer
 
         self.path = str(Path(path).expanduser())
         folder, gguf = split_path(path)
         self.dtype = parse_dtype(dtype)
-        self.device = torch.device(device)
+        self.device = torch_device(device)
         self.trust_remote_code = bool(trust_remote_code)
         if int(prefill_chunk) < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
@@ -45,16 +92,18 @@ class SoftmaxAdapter:
 
         common = dict(local_files_only=True, trust_remote_code=self.trust_remote_code)
         if gguf:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf, **common)
-            self.model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf,
-                                                              dtype=self.dtype, **common)
+            self.tokenizer, self.model = _load_gguf(folder, gguf, self.dtype, common)
             self._weight_files = [folder / gguf]
         else:
             self.tokenizer = load_tokenizer(folder, trust_remote_code=self.trust_remote_code)
+            self._weight_files = _check_folder_weights(folder)
             # use_safetensors=True: never unpickle .bin weights
             self.model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=self.dtype,
                                                               use_safetensors=True, **common)
-            self._weight_files = sorted(folder.glob("*.safetensors"))
+            # transformers casts an int8 tensor to the model's dtype without a word
+            floating = {k for k, v in self.model.state_dict().items() if v.is_floating_point()}
+            for f in self._weight_files:
+                check_floating(f, floating)
         self.model.to(self.device).eval()
         self.model.requires_grad_(False)
         self._cache_kw = kv_cache.cache_kwarg(self.model)
@@ -297,7 +346,7 @@ class SoftmaxAdapter:
         return ident
 
 
-@register_model("hf", kind="softmax", state_kind="kv",
+@register_model("hf", kind="softmax", state_kind="kv", options=SoftmaxAdapter,
                 description="any local Hugging Face causal LM folder or .gguf (hf:PATH)")
 def load_hf(path: str | None, **options: Any) -> SoftmaxAdapter:
     """`hf:PATH`: a local Hugging Face causal LM folder or .gguf file."""
