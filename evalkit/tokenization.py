@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,32 @@ def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False) 
         if p.name.endswith(".json"):
             return PreTrainedTokenizerFast(tokenizer_file=str(p))
         raise ValueError(f"tokenizer path {str(p)!r}: expected a folder or a tokenizer.json file")
+    kwargs = {} if trust_remote_code else _blank_config_if_foreign(p)
     return AutoTokenizer.from_pretrained(str(p), local_files_only=True,
-                                         trust_remote_code=trust_remote_code)
+                                         trust_remote_code=trust_remote_code, **kwargs)
+
+
+def _blank_config_if_foreign(folder: Path) -> dict[str, Any]:
+    """{"config": blank config} when folder/config.json names a model type transformers lacks (gla).
+
+    AutoTokenizer reads config.json only to let a known model type override the tokenizer class.
+    For a type it does not know it re-parses the file as a generic config (warning that `gla` is
+    not ``) and then picks the class from tokenizer_config.json anyway; a blank config takes that
+    same route without the re-parse. Known types and unreadable files keep the ordinary path.
+    """
+    from transformers import PreTrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    model_type = cfg.get("model_type") if isinstance(cfg, dict) else None
+    if not isinstance(model_type, str) or model_type in CONFIG_MAPPING:
+        return {}
+    tokenizer_class = cfg.get("tokenizer_class")
+    return {"config": PreTrainedConfig(
+        tokenizer_class=tokenizer_class if isinstance(tokenizer_class, str) else None)}
 
 
 def tokenizer_hash(tokenizer: Any) -> str:
