@@ -30,13 +30,15 @@ def depth_tolerance(probe) -> float:
     return max(0.01, longest)
 
 
-grid = st.tuples(
-    st.sampled_from(TASKS),
-    st.one_of(st.integers(1, 2048), st.integers(-5, 0)),
-    st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0, 1), st.floats(-1, 2),
-              st.just(math.nan)),
-    st.one_of(st.integers(1, 8), st.integers(1, 1100), st.integers(-2, 0)),
-    st.integers(0, 2**31 - 1))
+def _grid(lengths, depths, loads):
+    return st.tuples(st.sampled_from(TASKS), lengths, depths, loads, st.integers(0, 2**31 - 1))
+
+
+# the valid region, where most examples must build a probe; and the bad values, each an error
+grid = _grid(st.integers(256, 2048), st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0, 1)),
+             st.integers(4, 12))
+bad_grid = _grid(st.integers(-5, 2048), st.one_of(st.floats(0, 1), st.sampled_from(
+    [-0.01, 1.01, math.nan, math.inf])), st.integers(-2, 1100))
 
 
 def check(tokenizer, case) -> None:
@@ -70,6 +72,12 @@ def test_grid_points_smollm2_tokenizer(case):
 
 
 _SMOL: list = []
+
+
+@settings(PROPS, max_examples=30)
+@given(case=bad_grid)
+def test_any_grid_point_is_a_probe_or_a_field_error(tiny_tokenizer, case):
+    check(tiny_tokenizer, case)
 
 
 def _smol():
