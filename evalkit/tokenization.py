@@ -29,8 +29,9 @@ def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False) 
     try:
         if p.is_file():
             return PreTrainedTokenizerFast(tokenizer_file=str(p))
+        kwargs = {} if trust_remote_code else _blank_config_if_foreign(p)
         return AutoTokenizer.from_pretrained(str(p), local_files_only=True,
-                                             trust_remote_code=trust_remote_code)
+                                             trust_remote_code=trust_remote_code, **kwargs)
     except Exception as e:
         # the tokenizers library reports a corrupt tokenizer.json as a bare Exception, and
         # transformers as a JSONDecodeError or OSError: none names the file
@@ -49,6 +50,29 @@ def _check_json(path: Path) -> None:
         except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
             raise ValueError(f"{path}: not valid JSON ({e}); expected a tokenizers "
                              f"tokenizer.json") from None
+
+
+def _blank_config_if_foreign(folder: Path) -> dict[str, Any]:
+    """{"config": blank config} when folder/config.json names a model type transformers lacks (gla).
+
+    AutoTokenizer reads config.json only to let a known model type override the tokenizer class.
+    For a type it does not know it re-parses the file as a generic config (warning that `gla` is
+    not ``) and then picks the class from tokenizer_config.json anyway; a blank config takes that
+    same route without the re-parse. Known types and unreadable files keep the ordinary path.
+    """
+    from transformers import PreTrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    model_type = cfg.get("model_type") if isinstance(cfg, dict) else None
+    if not isinstance(model_type, str) or model_type in CONFIG_MAPPING:
+        return {}
+    tokenizer_class = cfg.get("tokenizer_class")
+    return {"config": PreTrainedConfig(
+        tokenizer_class=tokenizer_class if isinstance(tokenizer_class, str) else None)}
 
 
 def tokenizer_hash(tokenizer: Any) -> str:

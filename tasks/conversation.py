@@ -51,6 +51,9 @@ from evalkit.probes.words import DOMAINS, FACT_ACKS, FACT_INTROS, UPDATE_ACKS, U
 Kind = Literal["recall", "latest", "lookalike"]
 
 
+MAX_KEYS = 999
+
+
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kinds: tuple[Kind, ...] = Field(default=("recall", "latest", "lookalike"), min_length=1)
@@ -70,6 +73,8 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
     if "lookalike" in params.kinds and load < 1 + params.lookalike:
         raise ValueError(f"load={load} is too small: kind 'lookalike' with params.lookalike="
                          f"{params.lookalike} needs at least {1 + params.lookalike} facts")
+    if load > MAX_KEYS:  # keys are distinct numbers 1-999: more would never finish drawing
+        raise ValueError(f"load={load}: at most {MAX_KEYS} facts (one key number 1-999 each)")
     if params.updates > load - 1:
         raise ValueError(f"load={load} is too small: params.updates={params.updates} updated "
                          f"distractor facts need at least {params.updates + 1} facts")
