@@ -165,5 +165,5 @@ def test_neuron_without_sdk_is_a_clear_error(ckpt):
         pytest.skip("torch-neuronx is installed")
     except ImportError:
         pass
-    with pytest.raises(RuntimeError, match="needs torch-neuronx"):
+    with pytest.raises(ValueError, match="needs torch-neuronx"):
         load_model(f"gla:{ckpt}", device="neuron")
