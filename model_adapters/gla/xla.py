@@ -13,9 +13,10 @@ unit, so the graphs are:
 - decode: one graph per batch bucket: one token per row, same gather and split;
 - reading a token: the greedy loop's argmax over the vocabulary, one small graph, compiled
   once, then one scalar copied to the host per generated token;
-- score: one graph per continuation length (the continuation runs at its exact length).
-So a workload compiles (buckets touched + decode widths + 1) graphs, then only hits the
-cache. The recurrent state and the last logits stay on the device between graphs: token
+- score: the continuation token by token through the decode graph (no graph per length),
+  each step's logits downloaded to pick the continuation's token.
+So a workload compiles (prefill buckets touched + decode widths + 1) graphs, then only hits
+the cache. The recurrent state and the last logits stay on the device between graphs: token
 ids and valid counts are the only uploads, the chosen token the only download. Within a
 traced graph the chunked GLA operator takes its branch-free log-space path (no
 data-dependent branch, see ops/chunk.py).
