@@ -117,7 +117,10 @@ def run_mode(args) -> dict:
     reqs = stream(args)
     clock, busy, latencies, computed, real = 0.0, 0.0, [], 0, 0
     c0, s0 = counter()
-    for batch in batches(reqs, args.window, runner.spec.batch_sizes[-1]):
+    plan = batches(reqs, args.window, runner.spec.batch_sizes[-1])
+    for i, batch in enumerate(plan):
+        if i == len(plan) // 2:
+            half = counter()[0]  # compilations in the stream's second half: do they stop?
         start = max(clock, batch[-1].arrival)
         t0 = time.perf_counter()
         res = runner.run([(None, None, r.ids) for r in batch])
@@ -136,6 +139,7 @@ def run_mode(args) -> dict:
     latencies.sort()
     pct = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]  # noqa: E731
     return {"mode": args.mode, "shapes": args.shapes, "compilations": c1 - c0, "compile_s": s1 - s0,
+            "late_compilations": c1 - half,
             "busy_s": busy, "compile_share": (s1 - s0) / busy if busy else 0.0,
             "computed_per_real": computed / real, "p50_s": pct(0.5), "p99_s": pct(0.99),
             "buckets_touched": len(runner.buckets_touched), "shapes_seen": len(runner.shapes_seen)}
@@ -205,7 +209,8 @@ def main(argv=None) -> int:
             rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
             x = rows[-1]
             label = f"{mode} ({args.compile_backend})" if mode == "compile" else mode
-            print(f"{label:<22} {shapes:<8} compilations {x['compilations']:>3}  compiling "
+            print(f"{label:<22} {shapes:<8} compilations {x['compilations']:>3} "
+                  f"({x['late_compilations']:>2} in the 2nd half)  compiling "
                   f"{x['compile_s']:7.1f} s of {x['busy_s']:7.1f} s busy ({100 * x['compile_share']:4.1f} %)  "
                   f"computed/real tokens {x['computed_per_real']:.2f}  latency p50 {x['p50_s']:6.2f} s  "
                   f"p99 {x['p99_s']:6.2f} s", flush=True)
