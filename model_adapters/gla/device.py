@@ -21,7 +21,10 @@ def resolve_device(device: str, dtype: torch.dtype) -> torch.device:
             raise ValueError(f"device {device!r} requested but CUDA is not available")
         cap = torch.cuda.get_device_capability(device)
         if dtype == torch.bfloat16 and not bf16_capable("cuda", cap):
-            raise ValueError(bf16_error(f"{device} (compute capability {cap[0]}.{cap[1]})"))
+            need = ".".join(map(str, BF16_CUDA_CAPABILITY))
+            raise ValueError(f"dtype 'bf16' needs a device that computes in bf16, and {device} "
+                             f"(compute capability {cap[0]}.{cap[1]}) does not: expected compute "
+                             f"capability >= {need}, or dtype fp32")
     return torch.device(device)
 
 
@@ -29,8 +32,3 @@ def bf16_capable(kind: str, capability: tuple[int, int] | None = None) -> bool:
     """CPUs compute bf16 (natively or widened to fp32); CUDA GPUs before Ampere do not."""
     return kind != "cuda" or tuple(capability or (0, 0)) >= BF16_CUDA_CAPABILITY
 
-
-def bf16_error(what: str) -> str:
-    return (f"dtype 'bf16' needs a device that computes in bf16, and {what} does not "
-            f"(expected compute capability >= {BF16_CUDA_CAPABILITY[0]}.{BF16_CUDA_CAPABILITY[1]}, "
-            f"or dtype fp32)")
