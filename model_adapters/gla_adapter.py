@@ -1,10 +1,10 @@
 """The GLA / Laplace adapter: an fla-format checkpoint folder behind the ModelAdapter protocol.
 
 Registered as `gla` and `laplace` (`gla:/path/to/ckpt`). Options: device (cpu | cuda |
-neuron), dtype (fp32 | bf16; the recurrent state is always fp32), chunk_size (128),
+xla | neuron), dtype (fp32 | bf16; the recurrent state is always fp32), chunk_size (128),
 max_length, prefill_segment (tokens per streamed prefill step), compile (static-shape
-buckets through torch.compile; forced on for neuron), batch_buckets, length_buckets,
-compile_backend.
+buckets through torch.compile on cpu / cuda; xla and neuron always run the buckets as XLA
+graphs, see gla/xla.py), batch_buckets, length_buckets, compile_backend.
 
 A state is a `GLASequence`: the model state for one sequence plus the fp32 logits after its
 last token, which `score` and `generate` need for the first new token. `state_bytes` counts
@@ -22,9 +22,11 @@ import torch
 
 from evalkit.adapter import greedy_generate
 from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
+from evalkit.model_adapters.gla import xla
 from evalkit.model_adapters.gla.buckets import BucketedRunner, BucketSpec
 from evalkit.model_adapters.gla.checkpoint import load_checkpoint, weight_files
 from evalkit.model_adapters.gla.config import GLAConfig
+from evalkit.model_adapters.gla.device import resolve_device
 from evalkit.model_adapters.gla.model import GLAState
 from evalkit.model_adapters.weights import weights_hash
 from evalkit.models import register_model
@@ -41,21 +43,6 @@ class GLASequence:
     length: int                 # tokens consumed
 
 
-def _resolve_device(device: str) -> torch.device:
-    if device == "neuron":
-        try:
-            import torch_neuronx  # noqa: F401  (registers the "neuron" device)
-        except ImportError as e:
-            raise ValueError("device 'neuron' needs torch-neuronx (the AWS Neuron SDK), which is "
-                             "not installed here") from e
-        return torch.device("neuron")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
-    if device != "cpu" and not device.startswith("cuda"):
-        raise ValueError(f"device must be cpu, cuda or neuron, got {device!r}")
-    return torch.device(device)
-
-
 class GLAAdapter:
     state_kind = "recurrent"
 
@@ -69,7 +56,7 @@ class GLAAdapter:
         self.dtype = parse_dtype(dtype)
         if self.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"{name or path}: dtype must be fp32 or bf16, got {dtype!r}")
-        dev = _resolve_device(device)
+        dev = resolve_device(device, self.dtype)
         self.model, self.config = load_checkpoint(self.path, device=dev, dtype=self.dtype)
         self.model.set_ops(mode="chunk", chunk_size=chunk_size)
         self.model.prefill_segment = prefill_segment
@@ -80,16 +67,21 @@ class GLAAdapter:
             raise ValueError(f"{self.name}: the tokenizer has {len(self.tokenizer)} tokens but the "
                              f"model's vocab_size is {self.config.vocab_size} ({self.path / 'config.json'})")
         self.max_length = max_length if max_length is not None else self._config_max_length()
-        self.compiled = (device == "neuron") if compile is None else bool(compile)
-        if device == "neuron" and not self.compiled:
-            raise ValueError(f"{self.name}: the neuron backend runs compiled, static shapes only")
+        lazy = device in xla.KINDS  # XLA compiles every graph: always the bucketed shapes
+        self.compiled = lazy if compile is None else bool(compile)
+        if lazy and not self.compiled:
+            raise ValueError(f"{self.name}: compile=false: device {device!r} runs compiled "
+                             f"static shapes only")
+        if lazy and compile_backend is not None:
+            raise ValueError(f"{self.name}: compile_backend applies to cpu and cuda; device "
+                             f"{device!r} compiles through XLA")
         lengths = tuple(length_buckets) if length_buckets else (chunk_size, 4 * chunk_size,
                                                                  16 * chunk_size)
         self.buckets = BucketSpec(tuple(batch_buckets), lengths)
-        backend = compile_backend or ("neuron" if device == "neuron" else "inductor")
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.runner = BucketedRunner(self.model, self.buckets, compile=self.compiled, backend=backend,
-                                     pad_id=pad, device=device)
+        self.runner = BucketedRunner(self.model, self.buckets, compile=self.compiled and not lazy,
+                                     backend=compile_backend or "inductor", pad_id=pad, device=device,
+                                     sync=xla.sync if lazy else None)
 
     def _config_max_length(self) -> int | None:
         path = self.path / "config.json"
@@ -167,7 +159,8 @@ class GLAAdapter:
     def score(self, state: GLASequence, continuations: Sequence[Sequence[int]]) -> list[float]:
         """Summed log-probabilities; one continuation at a time so a score never depends on
         which other continuations share the call."""
-        first = torch.log_softmax(state.last_logits.float(), -1)
+        # on the host: indexing a device tensor by token id would trace a graph per id
+        first = torch.log_softmax(state.last_logits.cpu().float(), -1)
         scores = []
         for cont in continuations:
             cont = [int(t) for t in cont]
@@ -175,7 +168,13 @@ class GLAAdapter:
                 scores.append(0.0)
                 continue
             total = first[cont[0]].item()
-            if len(cont) > 1:
+            if len(cont) > 1 and self.device_name in xla.KINDS:
+                # token by token through the cached decode graph, not a graph per length
+                st = state.state
+                for prev, nxt in zip(cont[:-1], cont[1:]):
+                    logits, st = self._step(prev, st)
+                    total += torch.log_softmax(logits.cpu().float(), -1)[nxt].item()
+            elif len(cont) > 1:
                 x = torch.tensor([cont[:-1]], device=self._dev)
                 logits, _ = self.model.forward_state(x, state.state)    # [1, n-1, vocab]
                 lp = torch.log_softmax(logits[0].float(), -1)
@@ -200,7 +199,8 @@ class GLAAdapter:
                 "tokenizer_hash": tokenizer_hash(self.tokenizer), "dtype": dtype_name(self.dtype),
                 "state_dtype": "fp32", "device": self.device_name, "backend":
                 f"{self.device_name}-compiled" if self.compiled else f"{self.device_name}-eager",
-                "chunk_size": self.chunk_size}
+                "chunk_size": self.chunk_size,
+                **({"pjrt_device": xla.hardware()} if self.device_name in xla.KINDS else {})}
 
     def num_parameters(self) -> int:
         return self.model.num_parameters()

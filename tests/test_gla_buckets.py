@@ -109,11 +109,11 @@ def test_neuron_alignment():
 @pytest.mark.skipif(importlib.util.find_spec("torch_neuronx") is None,
                     reason="torch-neuronx is not installable here (the public package is a placeholder)")
 def test_neuron_device_runs(model):  # pragma: no cover - needs Trainium
-    m = GLAForCausalLM(model.config).to("neuron")
+    from evalkit.model_adapters.gla import xla
+    m = GLAForCausalLM(model.config).to(xla.xla_device("neuron"))
     m.load_state_dict(model.state_dict())
     m.set_ops(chunk_size=128)
-    runner = BucketedRunner(m, BucketSpec(lengths=(128,)), compile=True, backend="neuron",
-                            device="neuron")
+    runner = BucketedRunner(m, BucketSpec(lengths=(128,)), device="neuron", sync=xla.sync)
     [(logits, _)] = runner.run([(None, None, prompts(50)[0])])
     ref, _ = model.prefill(torch.tensor(prompts(50)))
     torch.testing.assert_close(logits.cpu(), ref[0], rtol=1e-2, atol=1e-2)

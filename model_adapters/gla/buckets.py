@@ -77,16 +77,24 @@ def counting_backend(inner: Any = None) -> Callable:
 
 
 class BucketedRunner:
-    """Runs streamed prefill/extend and decode steps at bucket shapes, optionally compiled."""
+    """Runs streamed prefill/extend and decode steps at bucket shapes, optionally compiled.
+
+    Around each unit (one segment, one decode step) the batch is assembled from, and split
+    back into, one row per batch slot, padded slots included, so that the work done per unit
+    has the same structure for every call at the same bucket. A lazy-tensor backend (XLA,
+    see xla.py) captures that work as one graph, and `sync` (called after each unit) cuts
+    it there: one graph per bucket, whatever the rows' contents or where they came from."""
 
     def __init__(self, model: GLAForCausalLM, spec: BucketSpec | None = None, *,
                  compile: bool = False, backend: Any = "inductor", pad_id: int = 0,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", sync: Callable[[], None] | None = None) -> None:
         self.model, self.spec, self.pad_id = model, spec or BucketSpec(), pad_id
         self.spec.check(model.model.layers[0].attn.chunk_size, device)
         self.per_layer = len(model.model.layers[0].attn.cfg.state_shapes())
+        self.sync = sync or (lambda: None)
         self.shapes_seen: set[tuple[str, int, int]] = set()  # what callers asked for
         self.buckets_touched: set[tuple[str, int, int]] = set()  # what ran
+        self._fresh: list[tuple[torch.Tensor, GLAState]] = []  # per batch slot, see _slots
         if compile:
             import torch._dynamo.config as dcfg
             # One graph per bucket must fit under dynamo's recompile limit.
@@ -109,11 +117,29 @@ class BucketedRunner:
         logits, new = self.model.decode_step(tokens, GLAState.from_tensors(state, self.per_layer))
         return (logits, *new.tensors())
 
-    def _batch_state(self, states: Sequence[GLAState | None], width: int, device) -> GLAState:
-        fresh = self.model.empty_state(1, device)
-        rows = [s if s is not None else fresh for s in states]
-        rows += [fresh] * (width - len(rows))  # padded rows start from zeros
-        return GLAState.cat(rows)
+    def _slots(self, rows: Sequence[tuple[GLAState | None, torch.Tensor | None]], width: int
+               ) -> tuple[torch.Tensor, GLAState]:
+        """Batch `rows` (state, last logits; None = fresh) into `width` slots. A fresh or padded
+        slot j reads slot j's own zeros: materialised once on the device (a transfer, never a
+        traced op) and distinct per slot, because a lazy backend hashes a graph together with
+        which of its inputs are the same buffer."""
+        dev = self.model.lm_head.weight.device
+        while len(self._fresh) < width:
+            zeros = torch.zeros(self.model.config.vocab_size).to(dev)
+            self._fresh.append((zeros, self.model.empty_state(1, "cpu").map(lambda t: t.to(dev))))
+        rows = list(rows) + [(None, None)] * (width - len(rows))
+        lasts = [lg.to(dev) if lg is not None else self._fresh[j][0] for j, (_, lg) in enumerate(rows)]
+        states = [s if s is not None else self._fresh[j][1] for j, (s, _) in enumerate(rows)]
+        return torch.stack(lasts), GLAState.cat(states)
+
+    def _unslot(self, res: Sequence[torch.Tensor], n: int) -> list[tuple[torch.Tensor, GLAState]]:
+        """Split a unit's (logits [W, V], *state) into every slot's row, then `sync`; the
+        first n rows are the callers'."""
+        width = res[0].shape[0]
+        state = GLAState.from_tensors(res[1:], self.per_layer)
+        rows = [(res[0][j].clone(), state.rows(slice(j, j + 1)).clone()) for j in range(width)]
+        self.sync()
+        return rows[:n]
 
     @torch.no_grad()
     def run(self, items: Sequence[tuple[GLAState | None, torch.Tensor | None, Sequence[int]]]
@@ -128,34 +154,29 @@ class BucketedRunner:
 
     def _run_group(self, group):
         dev = self.model.lm_head.weight.device
-        V = self.model.config.vocab_size
         n = len(group)
         width = self.spec.batch_bucket(n)
         lengths = [len(ids) for _, _, ids in group]
         total = max(lengths)
         self.shapes_seen.add(("prefill", n, total))
-        ids = torch.full((width, max(total, 1)), self.pad_id, dtype=torch.long)
+        # Token ids and valid counts are cut and padded on the host: each segment's inputs
+        # reach the device as data of the bucket's shape, never as ops that depend on `start`.
+        segs = self.spec.segments(total)
+        ids = torch.full((width, sum(segs)), self.pad_id, dtype=torch.long)
         for i, (_, _, row) in enumerate(group):
             ids[i, :len(row)] = torch.as_tensor(list(row), dtype=torch.long)
-        ids = ids.to(dev)
-        lens = torch.tensor(lengths + [0] * (width - n), device=dev)
-        state = self._batch_state([s for s, _, _ in group], width, dev)
-        last = torch.zeros(width, V, device=dev)
-        for i, (_, lg, _) in enumerate(group):
-            if lg is not None:
-                last[i] = lg.to(dev)
+        lens = torch.tensor(lengths + [0] * (width - n))
+        carry = [(s, lg) for s, lg, _ in group]
         start = 0
-        for seg in self.spec.segments(total):
-            seg_ids = ids[:, start:start + seg]
-            if seg_ids.shape[1] < seg:  # right-pad the last segment to its bucket
-                pad = torch.full((width, seg - seg_ids.shape[1]), self.pad_id, dtype=torch.long, device=dev)
-                seg_ids = torch.cat([seg_ids, pad], 1)
-            valid = (lens - start).clamp(0, seg)
+        for seg in segs:
             self.buckets_touched.add(("prefill", width, seg))
-            res = self._segment(seg_ids, valid, last, *state.tensors())
-            last, state = res[0], GLAState.from_tensors(res[1:], self.per_layer)
+            last, state = self._slots(carry, width)
+            res = self._segment(ids[:, start:start + seg].to(dev), (lens - start).clamp(0, seg).to(dev),
+                                last, *state.tensors())
+            out = self._unslot(res, width)
+            carry = [(s, lg) for lg, s in out]
             start += seg
-        return [(last[i].clone(), state.rows([i]).clone()) for i in range(n)]
+        return out[:n]
 
     @torch.no_grad()
     def decode(self, tokens: Sequence[int], states: Sequence[GLAState]
@@ -166,7 +187,6 @@ class BucketedRunner:
         dev = self.model.lm_head.weight.device
         self.shapes_seen.add(("decode", n, 1))
         self.buckets_touched.add(("decode", width, 1))
-        tok = torch.tensor(list(tokens) + [self.pad_id] * (width - n), dtype=torch.long, device=dev)
-        res = self._decode(tok, *self._batch_state(states, width, dev).tensors())
-        new = GLAState.from_tensors(res[1:], self.per_layer)
-        return [(res[0][i].clone(), new.rows([i]).clone()) for i in range(n)]
+        tok = torch.tensor(list(tokens) + [self.pad_id] * (width - n), dtype=torch.long).to(dev)
+        _, state = self._slots([(s, None) for s in states], width)
+        return self._unslot(self._decode(tok, *state.tensors()), n)

@@ -136,7 +136,8 @@ def _chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     # o = A v + (q exp(b)) S_start: intra- and inter-chunk parts in one batched matmul.
     qe = _times_exp(q, b + log_scale)                               # [B, H, N, C, K]
     inter = (qe @ torch.stack(starts, 2)).flatten(0, 2)             # [B*H*N, C, V]
-    if not torch.compiler.is_compiling() and -float(b_last.detach().min()) <= FAST_SPAN:
+    traced = torch.compiler.is_compiling() or q.device.type == "xla"  # lazy tensors trace too
+    if not traced and -float(b_last.detach().min()) <= FAST_SPAN:
         A = (qe @ _times_exp(k, b.neg()).transpose(-1, -2)).tril_()  # [B, H, N, C, C], j <= i
     else:
         A = q.new_zeros(B, H, N, C, C)
