@@ -49,7 +49,8 @@ def stages_table(cfg) -> str:
             "| ---: | --- | --- | ---: | ---: | --- |"]
     first = 0
     for i, st in enumerate(cfg.stages, 1):
-        rows.append(f"| {i} | {', '.join(f'`{t}`' for t in st.tasks)} | "
+        loads = f" (loads {json.dumps(st.loads)})" if st.loads else ""
+        rows.append(f"| {i} | {', '.join(f'`{t}`' for t in st.tasks)}{loads} | "
                     f"{', '.join(map(str, st.lengths))} | {st.steps} | {st.pool} | "
                     f"2^31+{first} .. 2^31+{first + st.pool - 1} |")
         first += st.pool
@@ -65,7 +66,8 @@ def data_section(cfg) -> str:
 
 Each sequence is an evaluation-format prompt at the probe length for one of the probe's
 questions (every question, for the multi-query training variants) followed by the gold answer
-and a newline; no sequence exceeds the trained length. Loads: {json.dumps(cfg.loads) if cfg.loads else 'one fact'}.
+and a newline; no sequence exceeds the trained length. Loads: {json.dumps(cfg.loads) if cfg.loads else 'one fact'}
+(a stage's own loads, where listed, replace these).
 **Seeds are disjoint from every evaluation seed**: training probes use seeds
 2^31 .. 2^31 + {sum(st.pool for st in cfg.stages) - 1} (each stage its own range); evaluation probes always use seeds below 2^31
 (`evalkit.taskspec.EVAL_SEED_MASK`). The haystack prose (Alice's Adventures in Wonderland,

@@ -26,6 +26,9 @@ class Stage(BaseModel):
     lengths: tuple[int, ...]              # probe lengths; the gold answers follow them
     steps: int = Field(ge=1)
     pool: int = Field(default=1000, ge=1)  # distinct training sequences (cycled)
+    # per task, for this stage only (short stages cannot hold the long stages' loads);
+    # a task not named here takes the recipe's `loads`
+    loads: dict[str, tuple[int, ...]] = Field(default_factory=dict)
 
 
 class Recipe(BaseModel):
@@ -217,7 +220,7 @@ def stage_pools(cfg: Recipe, reg, tokenizer: Any) -> list[tuple[int, list]]:
     pools, offset = [], 0
     for i, st in enumerate(cfg.stages):
         pool = make_pool([reg.get(t) for t in st.tasks], tokenizer, lengths=st.lengths,
-                         loads=cfg.loads, n=st.pool, seed_offset=offset)
+                         loads={**cfg.loads, **st.loads}, n=st.pool, seed_offset=offset)
         longest = max(len(s.ids) for s in pool)
         if longest > cfg.seq_len + 1:
             raise ValueError(f"training config: stages[{i}]: a sequence (probe and answers) has "
