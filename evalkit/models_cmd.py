@@ -59,13 +59,14 @@ def describe_model(name: str, n_tokens: int = DEFAULT_TOKENS) -> dict:
         d = {"parameters": model.num_parameters() if hasattr(model, "num_parameters") else None,
              "state_kind": getattr(model, "state_kind", None),
              "state_bytes": None if at is None else int(at(n_tokens)),
-             "max_length": getattr(model, "max_length", None)}
+             "max_length": getattr(model, "max_length", None),
+             "trained_length": getattr(model, "trained_length", None)}
         if at is None:
             row["note"] = "state size depends on content (no state_bytes_at)"
         ident = model.identity() if hasattr(model, "identity") else {}
         d.setdefault("dtype", ident.get("dtype"))
         row["kind"] = row["kind"] or ident.get("kind")
-    for key in ("parameters", "state_kind", "state_bytes", "dtype", "max_length"):
+    for key in ("parameters", "state_kind", "state_bytes", "dtype", "max_length", "trained_length"):
         if key in d:
             row[key] = d[key]
     return row
@@ -81,7 +82,8 @@ def _human(n: int | None) -> str:
 
 
 def _table(rows: list[dict], n_tokens: int) -> str:
-    head = ["name", "kind", "parameters", "state kind", f"state bytes @{n_tokens}", "", "dtype", "note"]
+    head = ["name", "kind", "parameters", "state kind", f"state bytes @{n_tokens}", "", "dtype",
+            "trained length", "note"]
     body = []
     for r in rows:
         body.append([
@@ -91,10 +93,11 @@ def _table(rows: list[dict], n_tokens: int) -> str:
             f"{r['state_bytes']:,}" if r.get("state_bytes") is not None else "-",
             _human(r.get("state_bytes")) if r.get("state_bytes") is not None else "",
             r.get("dtype") or "-",
+            f"{r['trained_length']:,}" if r.get("trained_length") else "-",
             r.get("error") or r.get("note") or "",
         ])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    right = {2, 4, 5}  # numbers right-aligned
+    right = {2, 4, 5, 7}  # numbers right-aligned
 
     def fmt(cells: list) -> str:
         return "  ".join((str(c).rjust(w) if i in right else str(c).ljust(w))

@@ -146,58 +146,83 @@ MODEL_INFO["smollm2-135m"] = {
 }
 
 # ---------------------------------------------------------------------------------------------
-# Tiny recall pair (issue 4, part 4): `recall-gla-tiny` / `recall-softmax-tiny` are registered
-# here by the engineer who trains them (weights as package data under model_adapters/).
+# Models trained here by `evalkit train-tiny` (weights as package data under model_adapters/tiny):
+# the matched pair (configs/train_tiny.yaml) and the capacity family (configs/train_capacity.yaml;
+# a family name whose checkpoint is not trained yet fails to load with that message).
+# A recurrent model has no context window: it runs at any length and records its trained
+# length, so results beyond it can be marked. A softmax model keeps its trained length as its
+# positional range (max_length): longer prompts are flagged over-length.
 # ---------------------------------------------------------------------------------------------
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
-TINY_TRAINED_LENGTH = 1152  # configs/train_tiny.yaml seq_len: never evaluated beyond it
+TINY_TRAINED_LENGTH = 1152  # the pair's seq_len (configs/train_tiny.yaml)
+TINY_MODELS = {
+    "recall-gla-tiny": ("gla", "tiny GLA trained here on task-plugin text; twin of "
+                               "recall-softmax-tiny"),
+    "recall-softmax-tiny": ("softmax", "tiny Llama trained here on the same data/steps/optimizer "
+                                       "as recall-gla-tiny"),
+    "recall-gla-8k": ("gla", "capacity family: GLA with an 8 KB recurrent state"),
+    "recall-gla-24k": ("gla", "capacity family: GLA with a 24 KB recurrent state"),
+    "recall-gla-72k": ("gla", "capacity family: GLA with a 72 KB recurrent state"),
+    "recall-gla-140k": ("gla", "capacity family: GLA with a 140 KB recurrent state"),
+    "recall-softmax-cap": ("softmax", "capacity family: the softmax twin of the family's GLAs"),
+}
 
 
 def _tiny_folder(name: str) -> Path:
     folder = TINY_DIR / name
     if not (folder / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{name}: checkpoint {folder} is missing; it ships with the repo "
-                                f"(re-create it with `evalkit train-tiny`)")
+        raise FileNotFoundError(f"{name}: checkpoint {folder} is missing; re-create it with "
+                                f"`evalkit train-tiny` (the pair: configs/train_tiny.yaml, the "
+                                f"capacity family: configs/train_capacity.yaml)")
     return folder
 
 
-@MODELS.register("recall-gla-tiny")
-def recall_gla_tiny(path: str | None = None, **options: Any):
-    from evalkit.model_adapters.gla_adapter import GLAAdapter
-
-    if path:
-        raise ValueError("recall-gla-tiny is an embedded model and takes no path")
-    options.setdefault("max_length", TINY_TRAINED_LENGTH)
-    return GLAAdapter(str(_tiny_folder("recall-gla-tiny")), name="recall-gla-tiny", **options)
-
-
-@MODELS.register("recall-softmax-tiny")
-def recall_softmax_tiny(path: str | None = None, **options: Any) -> SoftmaxAdapter:
-    if path:
-        raise ValueError("recall-softmax-tiny is an embedded model and takes no path")
-    options.setdefault("max_length", TINY_TRAINED_LENGTH)
-    options.setdefault("name", "recall-softmax-tiny")
-    return SoftmaxAdapter(_tiny_folder("recall-softmax-tiny"), **options)
+def tiny_trained_length(name: str) -> int:
+    """The longest training sequence: seq_len of the recipe in the checkpoint's train_log.json."""
+    path = _tiny_folder(name) / "train_log.json"
+    try:
+        n = json.loads(path.read_text())["config"]["seq_len"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: cannot read config.seq_len ({e!r})") from None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"{path}: config.seq_len should be a positive integer, got {n!r}")
+    return n
 
 
-def _describe_gla_tiny(n_tokens: int = 8192, **_: Any) -> dict:
-    from evalkit.model_adapters.gla.config import GLAConfig
+def _tiny_factory(name: str, kind: str):
+    def make(path: str | None = None, **options: Any):
+        if path:
+            raise ValueError(f"{name} is an embedded model and takes no path")
+        folder, trained = _tiny_folder(name), tiny_trained_length(name)
+        if kind == "gla":
+            from evalkit.model_adapters.gla_adapter import GLAAdapter
 
-    cfg = GLAConfig.from_json(_tiny_folder("recall-gla-tiny") / "config.json")
-    return {"parameters": cfg.param_count(), "state_kind": "recurrent",
-            "state_bytes": cfg.state_bytes("float32"), "dtype": "fp32",
-            "max_length": TINY_TRAINED_LENGTH}
+            options.setdefault("trained_length", trained)
+            return GLAAdapter(str(folder), name=name, **options)
+        options.setdefault("max_length", trained)
+        options.setdefault("name", name)
+        adapter = SoftmaxAdapter(folder, **options)
+        adapter.trained_length = trained
+        return adapter
+    return make
 
 
-def _describe_softmax_tiny(n_tokens: int = 8192, **options: Any) -> dict:
-    d = describe_checkpoint(_tiny_folder("recall-softmax-tiny"), n_tokens=n_tokens, **options)
-    return {**d, "max_length": TINY_TRAINED_LENGTH}
+def _tiny_describe(name: str, kind: str):
+    def describe(n_tokens: int = 8192, **options: Any) -> dict:
+        trained = tiny_trained_length(name)
+        if kind == "gla":
+            from evalkit.model_adapters.gla.config import GLAConfig
+
+            cfg = GLAConfig.from_json(_tiny_folder(name) / "config.json")
+            return {"parameters": cfg.param_count(), "state_kind": "recurrent",
+                    "state_bytes": cfg.state_bytes("float32"), "dtype": "fp32",
+                    "max_length": None, "trained_length": trained}
+        d = describe_checkpoint(_tiny_folder(name), n_tokens=n_tokens, **options)
+        return {**d, "max_length": trained, "trained_length": trained}
+    return describe
 
 
-MODEL_INFO["recall-gla-tiny"] = {
-    "kind": "gla", "describe": _describe_gla_tiny,
-    "description": f"tiny GLA trained here on task-plugin text ({TINY_TRAINED_LENGTH} tokens); "
-                   "twin of recall-softmax-tiny"}
-MODEL_INFO["recall-softmax-tiny"] = {
-    "kind": "softmax", "describe": _describe_softmax_tiny,
-    "description": "tiny Llama trained here on the same data/steps/optimizer as recall-gla-tiny"}
+for _name, (_kind, _text) in TINY_MODELS.items():
+    MODELS.register(_name)(_tiny_factory(_name, _kind))
+    MODEL_INFO[_name] = {"kind": _kind, "describe": _tiny_describe(_name, _kind),
+                         "description": _text}

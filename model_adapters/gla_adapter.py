@@ -2,9 +2,11 @@
 
 Registered as `gla` and `laplace` (`gla:/path/to/ckpt`). Options: device (cpu | cuda |
 neuron), dtype (fp32 | bf16; the recurrent state is always fp32), chunk_size (128),
-max_length, prefill_segment (tokens per streamed prefill step), compile (static-shape
-buckets through torch.compile; forced on for neuron), batch_buckets, length_buckets,
-compile_backend.
+max_length (none unless given: a recurrent model has no context window), trained_length
+(the longest sequence it was trained on, recorded so results beyond it can be marked;
+default: the config's `trained_length`), prefill_segment (tokens per streamed prefill
+step), compile (static-shape buckets through torch.compile; forced on for neuron),
+batch_buckets, length_buckets, compile_backend.
 
 A state is a `GLASequence`: the model state for one sequence plus the fp32 logits after its
 last token, which `score` and `generate` need for the first new token. `state_bytes` counts
@@ -29,7 +31,7 @@ from evalkit.models import MODEL_INFO, MODELS
 from evalkit.tokenization import load_tokenizer, tokenizer_hash
 
 LAPLACE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "models" / "laplace-3b.json"
-_MAX_LENGTH_KEYS = ("evalkit_max_length", "trained_length")
+_MAX_LENGTH_KEYS = ("evalkit_max_length",)
 
 
 @dataclass
@@ -61,7 +63,7 @@ class GLAAdapter:
                  chunk_size: int = 128, max_length: int | None = None, prefill_segment: int = 2048,
                  compile: bool | None = None, batch_buckets: Sequence[int] = (1, 2, 4, 8),
                  length_buckets: Sequence[int] | None = None, compile_backend: Any = None,
-                 tokenizer: str | None = None) -> None:
+                 tokenizer: str | None = None, trained_length: int | None = None) -> None:
         self.path = Path(path).expanduser()
         self.device_name = device
         self.dtype = parse_dtype(dtype)
@@ -77,7 +79,10 @@ class GLAAdapter:
         if len(self.tokenizer) > self.config.vocab_size:
             raise ValueError(f"{self.name}: the tokenizer has {len(self.tokenizer)} tokens but the "
                              f"model's vocab_size is {self.config.vocab_size} ({self.path / 'config.json'})")
-        self.max_length = max_length if max_length is not None else self._config_max_length()
+        self.max_length = (max_length if max_length is not None
+                           else self._config_int(_MAX_LENGTH_KEYS))
+        self.trained_length = (trained_length if trained_length is not None
+                               else self._config_int(("trained_length",)))
         self.compiled = (device == "neuron") if compile is None else bool(compile)
         if device == "neuron" and not self.compiled:
             raise ValueError(f"{self.name}: the neuron backend runs compiled, static shapes only")
@@ -90,9 +95,9 @@ class GLAAdapter:
                                      pad_id=pad, device=device)
         self._weights_hash: str | None = None
 
-    def _config_max_length(self) -> int | None:
+    def _config_int(self, keys: Sequence[str]) -> int | None:
         raw = json.loads((self.path / "config.json").read_text())
-        for key in _MAX_LENGTH_KEYS:
+        for key in keys:
             if raw.get(key) is not None:
                 return int(raw[key])
         return None  # max_position_embeddings is a default in every fla config, not a trained length
