@@ -65,17 +65,29 @@ def test_softmax_twin_finds_single_needles_at_its_trained_length(tmp_path):
     assert sum(soft) / len(soft) >= 0.9, [s["prediction"] for s in by_model["recall-softmax-tiny"]]
 
 
-def test_gla_runs_past_its_trained_length_and_the_run_records_it(tmp_path):
+def test_gla_runs_past_its_trained_length_and_the_leaderboard_marks_it(tmp_path):
     """A recurrent model has no context window: a 1,536-token prompt (past 1,152) is evaluated,
-    not flagged; the softmax twin flags it over-length."""
+    not flagged, and the published cell is marked; the softmax twin flags it over-length. The
+    load sweep feeds the capacity-by-state-size table and figures."""
     out = tmp_path / "run"
-    assert main(["run", "--models", ",".join(NAMES), "--tasks", "needle", "--lengths", "1536",
-                 "--depths", "0.5", "--samples", "1", "--output", str(out), "--no-progress"]) == 0
-    samples = {json.loads(x)["model"]: json.loads(x)
-               for x in (out / "samples.jsonl").read_text().splitlines()}
-    assert samples["recall-gla-tiny"]["flag"] is None
-    assert samples["recall-gla-tiny"]["scores"]  # scored
-    assert samples["recall-softmax-tiny"]["flag"] == "over_length"
+    assert main(["run", "--models", ",".join(NAMES), "--tasks", "needle,multikey_mqar",
+                 "--lengths", "1536", "--depths", "0.5", "--loads", "2,8", "--samples", "2",
+                 "--output", str(out), "--no-progress"]) == 0
+    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    gla = [s for s in samples if s["model"] == "recall-gla-tiny"]
+    assert gla and all(s["flag"] is None and s["scores"] for s in gla)
+    assert all(s["flag"] == "over_length" for s in samples if s["model"] == "recall-softmax-tiny")
     models = json.loads((out / "results.json").read_text())["models"]
     assert models["recall-gla-tiny"]["trained_length"] == 1152
     assert models["recall-gla-tiny"]["max_length"] is None
+    board = tmp_path / "board"
+    assert main(["publish", str(out), "--to", str(board)]) == 0
+    readme = (board / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| recall-gla-tiny | recurrent |"))
+    assert row.rstrip(" |").endswith("†")
+    soft = next(line for line in readme.splitlines()
+                if line.startswith("| recall-softmax-tiny | kv |"))
+    assert "†" not in soft and "flagged" in soft
+    section = readme.split("## Capacity by state size")[1].split("\n## ")[0]
+    assert "| recall-gla-tiny | recurrent | multikey_mqar | 1,536 † |" in section
+    assert (board / "plots" / "capacity-multikey_mqar.png").stat().st_size > 1000

@@ -316,7 +316,7 @@ def capacity_curves(samples: pd.DataFrame, kinds: dict, identities: dict, task: 
         ax.set_ylabel("recall")
         ax.set_title(f"length {fmt_len(L)} tokens", fontsize=10)
         ax.legend(fontsize=6)
-    fig.suptitle(f"{task}: recall vs. number of facts by state size ({BEYOND_NOTE})",
+    fig.suptitle(f"{task}: recall vs. number of facts by state size\n({BEYOND_NOTE})",
                  fontsize=10)
     return _save(fig, path)
 
@@ -354,6 +354,6 @@ def capacity_vs_state(samples: pd.DataFrame, kinds: dict, identities: dict, task
         ax.set_ylabel("recall")
         ax.set_title(f"length {fmt_len(L)} tokens, {load} facts", fontsize=10)
         ax.legend(fontsize=6)
-    fig.suptitle(f"{task}: recall vs. state bytes at load {load} ({BEYOND_NOTE})", fontsize=10)
+    fig.suptitle(f"{task}: recall vs. state bytes at load {load}\n({BEYOND_NOTE})", fontsize=10)
     return _save(fig, path)
 
