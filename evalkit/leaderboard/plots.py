@@ -115,6 +115,18 @@ def depth_length_heatmaps(samples: pd.DataFrame, task: str, path: Path) -> Path 
 
 # -- 2. recall vs. load ---------------------------------------------------------------------
 
+def _load_axes(ax, loads: Sequence, length: float) -> None:
+    """A recall-vs-load panel: log2 load axis at the tested loads, the 50 % knee level."""
+    ax.axhline(KNEE_LEVEL, color="grey", lw=0.7, ls=":")
+    ax.set_xscale("log", base=2)
+    _int_ticks(ax, loads, str)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("load (facts in context)")
+    ax.set_ylabel("recall")
+    ax.set_title(f"length {fmt_len(length)} tokens", fontsize=10)
+    ax.legend(fontsize=7)
+
+
 def recall_vs_load(samples: pd.DataFrame, knees: pd.DataFrame, task: str,
                    path: Path) -> Path | None:
     t = samples[samples["task_label"] == task]
@@ -136,14 +148,7 @@ def recall_vs_load(samples: pd.DataFrame, knees: pd.DataFrame, task: str,
                 xs = np.linspace(np.log2(g["load"].min()), np.log2(g["load"].max()), 200)
                 ax.plot(2 ** xs, logistic(s * (xs - x0)), "--", color=colors[m], lw=1)
                 ax.plot([2 ** x0], [KNEE_LEVEL], "x", color=colors[m], ms=9, mew=2)
-        ax.axhline(KNEE_LEVEL, color="grey", lw=0.7, ls=":")
-        ax.set_xscale("log", base=2)
-        _int_ticks(ax, sorted(per["load"].unique()), str)
-        ax.set_ylim(-0.03, 1.03)
-        ax.set_xlabel("load (facts in context)")
-        ax.set_ylabel("recall")
-        ax.set_title(f"length {fmt_len(L)} tokens", fontsize=10)
-        ax.legend(fontsize=7)
+        _load_axes(ax, sorted(per["load"].unique()), L)
     fig.suptitle(f"{task}: recall vs. load\n(dashed: logistic fit; x: capacity knee)",
                  fontsize=10)
     return _save(fig, path)
@@ -284,7 +289,8 @@ def _ranks(per: pd.DataFrame, kinds: dict) -> dict[str, float]:
 
 
 def _points(ax, g: pd.DataFrame, x: str, style: dict, label: str) -> None:
-    ax.plot(g[x], g["recall"], ls=style["ls"], color=style["color"], lw=1.2, label=label)
+    ax.plot(g[x], g["recall"], ls=style["ls"], color=style["color"], lw=1.2)
+    ax.plot([], [], ls=style["ls"], marker=style["marker"], color=style["color"], label=label)
     for beyond, part in g.groupby("beyond"):
         ax.scatter(part[x], part["recall"], marker=style["marker"], s=26, zorder=3,
                    facecolors="none" if beyond else style["color"], edgecolors=style["color"])
@@ -308,14 +314,7 @@ def capacity_curves(samples: pd.DataFrame, kinds: dict, identities: dict, task: 
             mg = g[g["model_label"] == m].sort_values("load")
             _points(ax, mg, "load", _style(m, kinds, rank),
                     f"{m} ({fmt_bytes(mg['state_bytes'].mean())})")
-        ax.axhline(KNEE_LEVEL, color="grey", lw=0.7, ls=":")
-        ax.set_xscale("log", base=2)
-        _int_ticks(ax, sorted(g["load"].unique()), str)
-        ax.set_ylim(-0.03, 1.03)
-        ax.set_xlabel("facts in context (load)")
-        ax.set_ylabel("recall")
-        ax.set_title(f"length {fmt_len(L)} tokens", fontsize=10)
-        ax.legend(fontsize=6)
+        _load_axes(ax, sorted(g["load"].unique()), L)
     fig.suptitle(f"{task}: recall vs. number of facts by state size\n({BEYOND_NOTE})",
                  fontsize=10)
     return _save(fig, path)
