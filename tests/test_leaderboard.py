@@ -268,7 +268,7 @@ def test_every_plot_rendered(board):
 
     expected = {"state-bytes-lb_needle.png", "state-bytes-lb_load.png", "length-lb_needle.png",
                 "heatmap-lb_needle.png", "load-lb_load.png", "gap-lb_needle.png",
-                "gap-lb_load.png"}
+                "gap-lb_load.png", "capacity-lb_load.png", "capacity-bytes-lb_load.png"}
     assert {p.name for p in (board / "plots").iterdir()} == expected
     readme = (board / "README.md").read_text()
     for name in expected:
@@ -281,6 +281,7 @@ def test_every_plot_rendered(board):
     # The absent figures are named with their reason, never drawn empty.
     assert "lb_load: recall vs. context length: fewer than two lengths scored" in readme
     assert "lb_needle: recall vs. load: no load sweep (one load)" in readme
+    assert "lb_needle: recall vs. number of facts by state size: no load sweep" in readme
 
 
 # -- atomic publishing ----------------------------------------------------------------------
