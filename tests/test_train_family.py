@@ -97,3 +97,23 @@ def test_shipped_family_recipe_meets_the_issue(config):
     states = [build_gla(cfg, 2048, (0, 0, 0), num_heads=m.num_heads, expand_k=m.expand_k,
                         expand_v=m.expand_v)[1].state_bytes("float32") for m in glas]
     assert max(states) >= 16 * min(states)
+
+
+def test_shipped_family_recipe_builds_every_stage(tiny_tokenizer):
+    """Every (task, length, load) a stage can draw makes a sequence within seq_len, so the
+    family's training cannot fail on its data after hours of sweeps."""
+    from evalkit.taskspec import discover
+    from evalkit.train_cmd import load_config
+    from evalkit.training.data import TRAIN_SEED_BASE, training_sequence
+
+    cfg = load_config(str(Path(__file__).resolve().parents[1] / "configs" / "train_capacity.yaml"))
+    reg = discover(cfg.include)
+    longest = 0
+    for st in cfg.stages:
+        for task in st.tasks:
+            for length in st.lengths:
+                for load in {**cfg.loads, **st.loads}.get(task, (1,)):
+                    seq = training_sequence(reg.get(task), tiny_tokenizer, length=length,
+                                            depth=0.5, load=load, seed=TRAIN_SEED_BASE)
+                    longest = max(longest, len(seq.ids))
+    assert longest <= cfg.seq_len + 1
