@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -177,9 +177,11 @@ def run_job(job: dict) -> dict:
             ans_hist.append(ans)
         seconds = time.time() - t0
         em, held_loss = heldout_recall(model, held)
+        out = {}
         if job.get("save"):
             _save(model, gla_cfg, Path(job["save"]))
-        return {"name": member.name, "lr": job["lr"], "steps": len(schedule), "seconds": seconds,
+            out["save"] = job["save"]
+        return {**out, "name": member.name, "lr": job["lr"], "steps": len(schedule), "seconds": seconds,
                 "heldout_em": em, "heldout_answer_loss": held_loss, "history": hist,
                 "answer_history": ans_hist, "params": sum(p.numel() for p in model.parameters()),
                 "state_bytes": gla_cfg.state_bytes("float32") if gla_cfg is not None else None}
@@ -197,12 +199,20 @@ def _save(model, gla_cfg, folder: Path) -> None:
         model.save_pretrained(folder, safe_serialization=True)
 
 
-def _run_all(jobs: list[dict], n_workers: int) -> list[dict]:
-    if n_workers == 1:
-        return [run_job(j) for j in jobs]
-    # spawn: a fresh interpreter per worker; fork after tokenizers/OpenMP threads can deadlock
-    with ProcessPoolExecutor(n_workers, mp_context=get_context("spawn")) as ex:
-        return list(ex.map(run_job, jobs))
+class _Inline:
+    """The executor interface, running each job at submit (jobs: 1; and tests)."""
+    def submit(self, fn, job):
+        from concurrent.futures import Future
+
+        f = Future()
+        f.set_result(fn(job))
+        return f
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def best_of(sweep: Sequence[dict]) -> dict:
@@ -219,21 +229,40 @@ def train_family(cfg: FamilyConfig, tokenizer: Any, work: Path, log=print) -> di
     base = {"cfg": cfg.model_dump(mode="json"), "data": str(data), "vocab": len(tokenizer),
             "ids": [pad, tokenizer.bos_token_id, tokenizer.eos_token_id]}
     t0 = time.time()
-    sweep = _run_all([{**base, "member": m.model_dump(), "lr": lr, "scale": cfg.sweep.scale}
-                      for m in cfg.models for lr in cfg.sweep.lrs], cfg.jobs)
-    by_name: dict[str, list[dict]] = {}
-    for r in sweep:
-        by_name.setdefault(r["name"], []).append(r)
-        log(f"sweep {r['name']} lr {r['lr']:g}: held-out exact match {r['heldout_em']:.3f}, "
-            f"answer loss {r['heldout_answer_loss']:.3f} ({r['steps']} steps, "
-            f"{r['seconds'] / 60:.1f} min)")
-    log(f"sweep in {(time.time() - t0) / 60:.1f} min")
-    finals = _run_all([{**base, "member": m.model_dump(), "lr": best_of(by_name[m.name])["lr"],
-                        "scale": 1.0, "save": str(work / m.name)} for m in cfg.models], cfg.jobs)
+    by_name: dict[str, list[dict]] = {m.name: [] for m in cfg.models}
+    finals: list[dict] = []
+    # A member's final starts as soon as its own sweep is done, so both workers stay busy.
+    # spawn: a fresh interpreter per worker; fork after tokenizers/OpenMP threads can deadlock.
+    pool = (ProcessPoolExecutor(cfg.jobs, mp_context=get_context("spawn")) if cfg.jobs > 1
+            else _Inline())
+    with pool as ex:
+        pending = {ex.submit(run_job, {**base, "member": m.model_dump(), "lr": lr,
+                                       "scale": cfg.sweep.scale})
+                   for m in cfg.models for lr in cfg.sweep.lrs}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                r = f.result()
+                if "save" in r:
+                    finals.append(r)
+                    log(f"final {r['name']} lr {r['lr']:g}: held-out exact match "
+                        f"{r['heldout_em']:.3f} ({r['seconds'] / 60:.1f} min, "
+                        f"{(time.time() - t0) / 60:.0f} min in)")
+                    continue
+                runs = by_name[r["name"]]
+                runs.append(r)
+                log(f"sweep {r['name']} lr {r['lr']:g}: held-out exact match "
+                    f"{r['heldout_em']:.3f}, answer loss {r['heldout_answer_loss']:.3f} "
+                    f"({r['steps']} steps, {r['seconds'] / 60:.1f} min)")
+                if len(runs) == len(cfg.sweep.lrs):
+                    m = next(m for m in cfg.models if m.name == r["name"])
+                    pending.add(ex.submit(run_job, {**base, "member": m.model_dump(),
+                                                    "lr": best_of(runs)["lr"], "scale": 1.0,
+                                                    "save": str(work / m.name)}))
     out = {}
     for r in finals:
-        r["sweep"] = [{k: v for k, v in s.items() if k != "history"} for s in by_name[r["name"]]]
-        log(f"final {r['name']} lr {r['lr']:g}: held-out exact match {r['heldout_em']:.3f} "
-            f"({r['seconds'] / 60:.1f} min)")
+        r["sweep"] = [{k: v for k, v in s.items() if k != "history"}
+                      for s in sorted(by_name[r["name"]], key=lambda s: s["lr"])]
         out[r["name"]] = r
+    log(f"family trained in {(time.time() - t0) / 60:.1f} min")
     return out
