@@ -24,8 +24,8 @@ class Stage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     tasks: tuple[str, ...]
     lengths: tuple[int, ...]              # probe lengths; the gold answers follow them
-    steps: int = Field(ge=1)
-    pool: int = Field(default=1000, ge=1)  # distinct training sequences (cycled)
+    steps: int = Field(ge=1, le=1_000_000)
+    pool: int = Field(default=1000, ge=1, le=200_000)  # distinct training sequences (cycled)
     # per task, for this stage only (short stages cannot hold the long stages' loads);
     # a task not named here takes the recipe's `loads`
     loads: dict[str, tuple[int, ...]] = Field(default_factory=dict)
@@ -39,16 +39,16 @@ class Recipe(BaseModel):
     stages: tuple[Stage, ...] = Field(min_length=1)
     include: tuple[str, ...] = ()         # extra task folders (training-only variants)
     loads: dict[str, tuple[int, ...]] = Field(default_factory=dict)  # per task; default (1,)
-    seq_len: int = 1024                   # trained length: no sequence is longer; eval up to here
-    batch_tokens: int = 8192              # tokens per step: batch_tokens // probe length rows
-    warmup: int = 50
+    seq_len: int = Field(default=1024, ge=16, le=65536)  # trained length: no sequence is longer
+    batch_tokens: int = Field(default=8192, ge=16, le=1 << 20)  # per step: // length rows
+    warmup: int = Field(default=50, ge=1)
     weight_decay: float = 0.1
     answer_weight: float = 5.0            # loss weight of answer tokens
     context_weight: float = 1.0           # loss weight of every other token
     seed: int = 0
-    hidden_size: int = 128
-    num_layers: int = 4
-    intermediate_size: int = 352
+    hidden_size: int = Field(default=128, ge=8, le=4096)
+    num_layers: int = Field(default=4, ge=1, le=64)
+    intermediate_size: int = Field(default=352, ge=8, le=16384)
     threads: int = Field(default=2, ge=1, le=64)
 
     @property
