@@ -66,7 +66,8 @@ def describe_model(name: str, n_tokens: int = DEFAULT_TOKENS) -> dict:
         ident = model.identity() if hasattr(model, "identity") else {}
         d.setdefault("dtype", ident.get("dtype"))
         row["kind"] = row["kind"] or ident.get("kind")
-    for key in ("parameters", "state_kind", "state_bytes", "dtype", "max_length", "trained_length"):
+    for key in ("parameters", "state_kind", "state_bytes", "dtype", "max_length", "trained_length",
+                "note"):
         if key in d:
             row[key] = d[key]
     return row

@@ -209,6 +209,10 @@ def _tiny_factory(name: str, kind: str):
 
 def _tiny_describe(name: str, kind: str):
     def describe(n_tokens: int = 8192, **options: Any) -> dict:
+        if not (TINY_DIR / name / "model.safetensors").is_file():  # a family not trained yet
+            return {"state_kind": "recurrent" if kind == "gla" else "kv",
+                    "note": "not trained yet: evalkit train-tiny --config "
+                            "configs/train_capacity.yaml"}
         trained = tiny_trained_length(name)
         if kind == "gla":
             from evalkit.model_adapters.gla.config import GLAConfig
