@@ -232,8 +232,10 @@ def test_readme_tables_by_hand(real_run, board):
         assert (g["baseline"], g["model"]) == ("oracle", "forgetful")
         assert g["n_pairs"] == len(d) and g["gap"] == pytest.approx(statistics.fmean(d))
         assert min(d) - 1e-12 <= g["ci_low"] <= g["gap"] <= g["ci_high"] <= max(d) + 1e-12
+        excludes_zero = g["ci_low"] > 0 or g["ci_high"] < 0
         assert shown[(key[0], str(key[1]))][-1] == \
-            f"{g['gap']:+.2f} [{g['ci_low']:+.2f}, {g['ci_high']:+.2f}]"
+            f"{g['gap']:+.2f} [{g['ci_low']:+.2f}, {g['ci_high']:+.2f}]" + \
+            (" *" if excludes_zero else "")
     assert any(statistics.fmean(d) > 0 for d in diffs.values())  # the oracle recalls more
     # Every (length, depth, load) cell has its own gap with an interval.
     cells = pd.read_csv(board / "gaps.csv")

@@ -169,13 +169,15 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
           "`--gap BASELINE:MODEL`).\n")
     else:
         w(f"Paired over the same probes and questions; 95 % paired bootstrap interval "
-          f"({o.n_boot} resamples, seed {o.seed}). Pooled over depth and load here; every "
-          f"(length, depth, load) cell is in [gaps.csv](gaps.csv).\n")
+          f"({o.n_boot} resamples, seed {o.seed}); `*`: the interval excludes 0. Pooled over "
+          f"depth and load here; every (length, depth, load) cell is in [gaps.csv](gaps.csv)."
+          f"\n")
         rows = []
         for _, r in board.length_gaps.iterrows():
             rows.append([r["baseline"], r["model"], r["task_label"], fmt_len(r["target_length"]),
                          r["n_pairs"], _num(r["baseline_recall"]), _num(r["model_recall"]),
-                         f"{r['gap']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"])
+                         f"{r['gap']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"
+                         + (" *" if r["ci_low"] > 0 or r["ci_high"] < 0 else "")])
         w(table(["baseline", "model", "task", "length (tok)", "pairs", "baseline recall",
                  "model recall", "gap [95 % CI]"], rows) + "\n")
 
