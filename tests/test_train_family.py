@@ -117,3 +117,9 @@ def test_shipped_family_recipe_builds_every_stage(tiny_tokenizer):
                                             depth=0.5, load=load, seed=TRAIN_SEED_BASE)
                     longest = max(longest, len(seq.ids))
     assert longest <= cfg.seq_len + 1
+
+
+def test_a_diverged_rate_is_never_kept():
+    runs = [{"lr": 1e-3, "heldout_em": 0.0, "heldout_answer_loss": 2.0, "diverged_at": None},
+            {"lr": 1e-1, "heldout_em": 0.0, "heldout_answer_loss": None, "diverged_at": 7}]
+    assert best_of(runs)["lr"] == 1e-3

@@ -18,6 +18,7 @@ a 128-wide model scale poorly across threads).
 """
 from __future__ import annotations
 
+import math
 import random
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -173,15 +174,22 @@ def run_job(job: dict) -> dict:
             loss, ans = train_step(model, opt, x, y, w,
                                    lr_at(step, job["lr"], cfg.warmup, len(schedule)),
                                    cfg.answer_weight)
+            if not (math.isfinite(loss) and math.isfinite(ans)):  # this rate diverged
+                if job.get("save"):
+                    raise RuntimeError(f"{member.name}: training at lr {job['lr']:g} diverged "
+                                       f"(non-finite loss) at step {step}")
+                break
             hist.append(loss)
             ans_hist.append(ans)
         seconds = time.time() - t0
-        em, held_loss = heldout_recall(model, held)
+        diverged = len(hist) < len(schedule)
+        em, held_loss = (0.0, None) if diverged else heldout_recall(model, held)
         out = {}
         if job.get("save"):
             _save(model, gla_cfg, Path(job["save"]))
             out["save"] = job["save"]
-        return {**out, "name": member.name, "lr": job["lr"], "steps": len(schedule), "seconds": seconds,
+        return {**out, "name": member.name, "lr": job["lr"], "steps": len(schedule),
+                "diverged_at": len(hist) if diverged else None, "seconds": seconds,
                 "heldout_em": em, "heldout_answer_loss": held_loss, "history": hist,
                 "answer_history": ans_hist, "params": sum(p.numel() for p in model.parameters()),
                 "state_bytes": gla_cfg.state_bytes("float32") if gla_cfg is not None else None}
@@ -216,8 +224,10 @@ class _Inline:
 
 
 def best_of(sweep: Sequence[dict]) -> dict:
-    """Highest held-out exact match; ties to the lower held-out answer loss."""
-    return max(sweep, key=lambda r: (r["heldout_em"], -r["heldout_answer_loss"]))
+    """Highest held-out exact match; ties to the lower held-out answer loss; a rate whose
+    training diverged is never kept (unless every rate diverged)."""
+    finite = [r for r in sweep if r.get("diverged_at") is None] or sweep
+    return max(finite, key=lambda r: (r["heldout_em"], -(r["heldout_answer_loss"] or 0.0)))
 
 
 def train_family(cfg: FamilyConfig, tokenizer: Any, work: Path, log=print) -> dict[str, dict]:
@@ -251,9 +261,11 @@ def train_family(cfg: FamilyConfig, tokenizer: Any, work: Path, log=print) -> di
                     continue
                 runs = by_name[r["name"]]
                 runs.append(r)
-                log(f"sweep {r['name']} lr {r['lr']:g}: held-out exact match "
-                    f"{r['heldout_em']:.3f}, answer loss {r['heldout_answer_loss']:.3f} "
-                    f"({r['steps']} steps, {r['seconds'] / 60:.1f} min)")
+                log(f"sweep {r['name']} lr {r['lr']:g}: " + (
+                    f"diverged at step {r['diverged_at']}" if r["diverged_at"] is not None else
+                    f"held-out exact match {r['heldout_em']:.3f}, answer loss "
+                    f"{r['heldout_answer_loss']:.3f}") +
+                    f" ({r['steps']} steps, {r['seconds'] / 60:.1f} min)")
                 if len(runs) == len(cfg.sweep.lrs):
                     m = next(m for m in cfg.models if m.name == r["name"])
                     pending.add(ex.submit(run_job, {**base, "member": m.model_dump(),

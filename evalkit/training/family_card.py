@@ -13,9 +13,10 @@ def sweep_table(r: dict) -> str:
     rows = ["| lr | steps | held-out exact match | held-out answer loss | minutes | kept |",
             "| ---: | ---: | ---: | ---: | ---: | --- |"]
     for s in sorted(r["sweep"], key=lambda s: s["lr"]):
-        rows.append(f"| {s['lr']:g} | {s['steps']} | {s['heldout_em']:.3f} | "
-                    f"{s['heldout_answer_loss']:.3f} | {s['seconds'] / 60:.1f} | "
-                    f"{'yes' if s['lr'] == r['lr'] else ''} |")
+        loss = ("diverged at step " + str(s["diverged_at"]) if s.get("diverged_at") is not None
+                else f"{s['heldout_answer_loss']:.3f}")
+        rows.append(f"| {s['lr']:g} | {s['steps']} | {s['heldout_em']:.3f} | {loss} | "
+                    f"{s['seconds'] / 60:.1f} | {'yes' if s['lr'] == r['lr'] else ''} |")
     return "\n".join(rows)
 
 
