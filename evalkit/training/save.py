@@ -56,20 +56,22 @@ def train_and_write_family(cfg, tokenizer: Any, out: Path, tok_path: str,
     check_out(out, names)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    work = Path(tempfile.mkdtemp(dir=out, prefix=".train-family-"))  # ours alone; removed below
+    work = Path(tempfile.mkdtemp(dir=out, prefix=".train-family-"))  # ours alone
     try:
         results = train_family(cfg, tokenizer, work)
-        for name in names:
-            r, tmp = results[name], work / name
-            family_loss_plot(r, tmp / "loss.png")
-            log = {"config": cfg.model_dump(mode="json"), "member": name, "lr": r["lr"],
-                   "sweep": [{k: v for k, v in s.items() if k != "answer_history"}
-                             for s in r["sweep"]],
-                   "heldout_em": r["heldout_em"], "heldout_answer_loss": r["heldout_answer_loss"],
-                   "history": r["history"], "answer_history": r["answer_history"],
-                   "seconds": r["seconds"], "params": r["params"], "state_bytes": r["state_bytes"]}
-            _finish(tmp, out, name, tokenizer, log,
-                    family_card(name, cfg, results, tok_path, config_path))
-    finally:
+    except BaseException:
         shutil.rmtree(work, ignore_errors=True)
+        raise
+    for name in names:  # an error from here on keeps `work` (trained models) and names it
+        r, tmp = results[name], work / name
+        family_loss_plot(r, tmp / "loss.png")
+        log = {"config": cfg.model_dump(mode="json"), "member": name, "lr": r["lr"],
+               "sweep": [{k: v for k, v in s.items() if k != "answer_history"}
+                         for s in r["sweep"]],
+               "heldout_em": r["heldout_em"], "heldout_answer_loss": r["heldout_answer_loss"],
+               "history": r["history"], "answer_history": r["answer_history"],
+               "seconds": r["seconds"], "params": r["params"], "state_bytes": r["state_bytes"]}
+        _finish(tmp, out, name, tokenizer, log,
+                family_card(name, cfg, results, tok_path, config_path))
+    shutil.rmtree(work)
     print(f"trained the family in {(time.time() - t0) / 60:.1f} min")
