@@ -83,7 +83,8 @@ def test_gla_runs_past_its_trained_length_and_the_leaderboard_marks_it(tmp_path)
     board = tmp_path / "board"
     assert main(["publish", str(out), "--to", str(board)]) == 0
     readme = (board / "README.md").read_text()
-    row = next(line for line in readme.splitlines() if line.startswith("| recall-gla-tiny | recurrent |"))
+    row = next(line for line in readme.splitlines()
+               if line.startswith("| recall-gla-tiny | recurrent |"))
     assert row.rstrip(" |").endswith("†")
     soft = next(line for line in readme.splitlines()
                 if line.startswith("| recall-softmax-tiny | kv |"))

@@ -239,7 +239,8 @@ def capacity_section(board: Board) -> str:
             verdicts.append(f"- {task} at {fmt_len(L)} tokens: the recurrent models' knee "
                             f"{order} ({', '.join(_fmt_knee(x, rec['loads'].iat[0]) for x in k)}"
                             f" facts from the smallest to the largest state); the smallest and "
-                            f"largest state's intervals {'do not overlap' if apart else 'overlap'}.")
+                            f"largest state's intervals "
+                            f"{'do not overlap' if apart else 'overlap'}.")
     out.append(table(["model", "state", "task", "length (tok)", "bytes held", "knee (facts)",
                       "95 % interval", "n"], rows) + "\n")
     if verdicts:

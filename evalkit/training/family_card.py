@@ -27,7 +27,8 @@ def family_table(cfg, results: dict[str, dict]) -> str:
     for m in cfg.models:
         r = results[m.name]
         dk, dv = (int(cfg.hidden_size * e) // m.num_heads for e in (m.expand_k, m.expand_v))
-        shape = f"{dk} x {dv}" if m.kind == "gla" else f"KV, head dim {cfg.hidden_size // m.num_heads}"
+        shape = (f"{dk} x {dv}" if m.kind == "gla"
+                 else f"KV, head dim {cfg.hidden_size // m.num_heads}")
         state = f"{r['state_bytes']:,} B" if r["state_bytes"] is not None else "grows with length"
         rows.append(f"| `{m.name}` | {m.kind} | {m.num_heads} | {shape} | {state} | "
                     f"{r['params']:,} | {r['lr']:g} |")
