@@ -56,7 +56,7 @@ the same steps, each at the learning rate its own sweep selected.
 | steps | {r['steps']} in {len(cfg.stages)} stage(s), each about {cfg.batch_tokens:,} tokens, one probe length per batch |
 | optimizer | AdamW (betas 0.9/0.95, weight decay {cfg.weight_decay}), lr {r['lr']:g} (selected, below), {cfg.warmup} warm-up steps then cosine to 0, grad clip 1.0 |
 | loss | next-token cross-entropy, answer tokens weighted {cfg.answer_weight}, all other tokens {cfg.context_weight} |
-| held-out recall | exact match {r['heldout_em']:.3f}, answer loss {r['heldout_answer_loss']:.3f} ({h.n} `{h.task}` probes, length {h.length}, load {h.load}) |
+| held-out recall | exact match {r['heldout_em']:.3f}, answer loss {r['heldout_answer_loss']:.3f} ({h.n} `{h.task}` probes, length {h.length}, load {h.load}; seeds 2^31+{sum(st.pool for st in cfg.stages)} onwards: after every training seed, never trained on, never an evaluation seed) |
 | training time | {r['seconds'] / 60:.1f} min (final run) on {cfg.threads} CPU thread(s) ({platform.processor() or platform.machine()}), {cfg.jobs} run(s) at once |
 | seed | {cfg.seed} (initialisation and batch order) |
 | evalkit | {__version__}; tokenizer `{tok_path}` |
