@@ -185,7 +185,8 @@ def describe_model(name: str, n_tokens: int = DEFAULT_TOKENS) -> dict:
         row["note"] = f"path loader: {name}:PATH"
         return row
     d = info.describe(n_tokens)
-    unknown = sorted(set(d) - {"parameters", "state_bytes", "dtype", "max_length", "note"})
+    unknown = sorted(set(d) - {"parameters", "state_bytes", "dtype", "max_length", "trained_length",
+                              "note"})
     if unknown:
         raise ValueError(f"model {name!r}: describe() returned unknown keys {unknown}")
     row.update(d)

@@ -141,42 +141,98 @@ def smollm2_135m(path: str | None = None, **options: Any) -> SoftmaxAdapter:
     return SoftmaxAdapter(folder, extra_identity=extra, **options)
 
 
-# The tiny recall pair, trained here by `evalkit train-tiny`; weights ship as package data.
+# ---------------------------------------------------------------------------------------------
+# Models trained here by `evalkit train-tiny` (weights as package data under model_adapters/tiny):
+# the matched pair (configs/train_tiny.yaml) and the capacity family (configs/train_capacity.yaml;
+# a family name whose checkpoint is not trained yet fails to load with that message).
+# A recurrent model has no context window: it runs at any length and records its trained
+# length, so results beyond it can be marked. A softmax model keeps its trained length as its
+# positional range (max_length): longer prompts are flagged over-length.
+# ---------------------------------------------------------------------------------------------
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
-TINY_TRAINED_LENGTH = 1152  # configs/train_tiny.yaml seq_len: never evaluated beyond it
+TINY_MODELS = {
+    "recall-gla-tiny": ("gla", "tiny GLA trained here on task-plugin text; twin of "
+                               "recall-softmax-tiny"),
+    "recall-softmax-tiny": ("softmax", "tiny Llama trained here on the same data/steps/optimizer "
+                                       "as recall-gla-tiny"),
+    "recall-gla-8k": ("gla", "capacity family: GLA with an 8 KB recurrent state"),
+    "recall-gla-24k": ("gla", "capacity family: GLA with a 24 KB recurrent state"),
+    "recall-gla-72k": ("gla", "capacity family: GLA with a 72 KB recurrent state"),
+    "recall-gla-140k": ("gla", "capacity family: GLA with a 140 KB recurrent state"),
+    "recall-softmax-cap": ("softmax", "capacity family: the softmax twin of the family's GLAs"),
+}
 
 
 def _tiny_folder(name: str) -> Path:
     folder = TINY_DIR / name
     if not (folder / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{name}: checkpoint {folder} is missing; it ships with the repo "
-                                f"(re-create it with `evalkit train-tiny`)")
+        raise FileNotFoundError(f"{name}: checkpoint {folder} is missing; re-create it with "
+                                f"`evalkit train-tiny` (the pair: configs/train_tiny.yaml, the "
+                                f"capacity family: configs/train_capacity.yaml)")
     return folder
 
 
-@register_model("recall-gla-tiny", kind="gla", state_kind="recurrent", options=GLAAdapter,
-                config=TINY_DIR / "recall-gla-tiny" / "config.json",
-                describe=lambda n_tokens: describe_config(
-                    _tiny_folder("recall-gla-tiny") / "config.json", "fp32", TINY_TRAINED_LENGTH),
-                description=f"tiny GLA trained here on task-plugin text ({TINY_TRAINED_LENGTH} "
-                            f"tokens); twin of recall-softmax-tiny")
-def recall_gla_tiny(path: str | None = None, **options: Any) -> GLAAdapter:
-    if path:
-        raise ValueError("recall-gla-tiny is an embedded model and takes no path")
-    options.setdefault("max_length", TINY_TRAINED_LENGTH)
-    options.setdefault("name", "recall-gla-tiny")
-    return GLAAdapter(str(_tiny_folder("recall-gla-tiny")), **options)
+def tiny_trained_length(name: str) -> int:
+    """The longest training sequence: seq_len of the recipe in the checkpoint's train_log.json."""
+    path = _tiny_folder(name) / "train_log.json"
+    try:
+        n = json.loads(path.read_text())["config"]["seq_len"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: cannot read config.seq_len ({e!r})") from None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"{path}: config.seq_len should be a positive integer, got {n!r}")
+    return n
 
 
-@register_model("recall-softmax-tiny", kind="softmax", state_kind="kv", options=SoftmaxAdapter,
-                describe=lambda n_tokens: {
-                    **describe_row(_tiny_folder("recall-softmax-tiny"), n_tokens),
-                    "max_length": TINY_TRAINED_LENGTH},
-                description="tiny Llama trained here on the same data/steps/optimizer as "
-                            "recall-gla-tiny")
-def recall_softmax_tiny(path: str | None = None, **options: Any) -> SoftmaxAdapter:
-    if path:
-        raise ValueError("recall-softmax-tiny is an embedded model and takes no path")
-    options.setdefault("max_length", TINY_TRAINED_LENGTH)
-    options.setdefault("name", "recall-softmax-tiny")
-    return SoftmaxAdapter(_tiny_folder("recall-softmax-tiny"), **options)
+def _tiny_factory(name: str):
+    kind = TINY_MODELS[name][0]
+
+    def make(path: str | None = None, **options: Any):
+        if path:
+            raise ValueError(f"{name} is an embedded model and takes no path")
+        folder, trained = _tiny_folder(name), tiny_trained_length(name)
+        options.setdefault("name", name)
+        if kind == "gla":
+            options.setdefault("trained_length", trained)
+            return GLAAdapter(str(folder), **options)
+        options.setdefault("max_length", trained)
+        adapter = SoftmaxAdapter(folder, **options)
+        adapter.trained_length = trained
+        return adapter
+    make.__module__ = __name__
+    return make
+
+
+def _tiny_describe(name: str, kind: str):
+    def describe(n_tokens: int) -> dict:
+        if not (TINY_DIR / name / "model.safetensors").is_file():  # a family not trained yet
+            return {"note": "not trained yet: evalkit train-tiny --config "
+                            "configs/train_capacity.yaml"}
+        trained = tiny_trained_length(name)
+        if kind == "gla":
+            return {**describe_config(_tiny_folder(name) / "config.json", "fp32"),
+                    "trained_length": trained}
+        return {**describe_row(_tiny_folder(name), n_tokens), "max_length": trained,
+                "trained_length": trained}
+    return describe
+
+
+def _tiny(name: str) -> dict:
+    """register_model's arguments for a tiny model, from its TINY_MODELS row."""
+    kind, description = TINY_MODELS[name]
+    gla = kind == "gla"
+    return {"kind": kind, "state_kind": "recurrent" if gla else "kv", "description": description,
+            "options": GLAAdapter if gla else SoftmaxAdapter,
+            "config": TINY_DIR / name / "config.json" if gla else None,
+            "describe": _tiny_describe(name, kind)}
+
+
+register_model("recall-gla-tiny", **_tiny("recall-gla-tiny"))(_tiny_factory("recall-gla-tiny"))
+register_model("recall-softmax-tiny", **_tiny("recall-softmax-tiny"))(
+    _tiny_factory("recall-softmax-tiny"))
+register_model("recall-gla-8k", **_tiny("recall-gla-8k"))(_tiny_factory("recall-gla-8k"))
+register_model("recall-gla-24k", **_tiny("recall-gla-24k"))(_tiny_factory("recall-gla-24k"))
+register_model("recall-gla-72k", **_tiny("recall-gla-72k"))(_tiny_factory("recall-gla-72k"))
+register_model("recall-gla-140k", **_tiny("recall-gla-140k"))(_tiny_factory("recall-gla-140k"))
+register_model("recall-softmax-cap", **_tiny("recall-softmax-cap"))(
+    _tiny_factory("recall-softmax-cap"))

@@ -2,9 +2,12 @@
 
 Registered as `gla` and `laplace` (`gla:/path/to/ckpt`). Options: device (cpu | cuda |
 xla | neuron), dtype (fp32 | bf16; the recurrent state is always fp32), chunk_size (128),
-max_length, prefill_segment (tokens per streamed prefill step), compile (static-shape
-buckets through torch.compile on cpu / cuda; xla and neuron always run the buckets as XLA
-graphs, see gla/xla.py), batch_buckets, length_buckets, compile_backend.
+max_length (none unless given: a recurrent model has no context window), trained_length
+(the longest sequence it was trained on, recorded so results beyond it can be marked;
+default: the config's `trained_length`), prefill_segment (tokens per streamed prefill
+step), compile (static-shape buckets through torch.compile on cpu / cuda; xla and neuron
+always run the buckets as XLA graphs, see gla/xla.py), batch_buckets, length_buckets,
+compile_backend.
 
 A state is a `GLASequence`: the model state for one sequence plus the fp32 logits after its
 last token, which `score` and `generate` need for the first new token. `state_bytes` counts
@@ -33,7 +36,7 @@ from evalkit.models import register_model
 from evalkit.tokenization import load_tokenizer, tokenizer_hash
 
 LAPLACE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "models" / "laplace-3b.json"
-_MAX_LENGTH_KEYS = ("evalkit_max_length", "trained_length")
+_MAX_LENGTH_KEYS = ("evalkit_max_length",)
 
 
 @dataclass
@@ -50,7 +53,8 @@ class GLAAdapter:
                  chunk_size: int = 128, max_length: int | None = None, prefill_segment: int = 2048,
                  compile: bool | None = None, batch_buckets: Sequence[int] = (1, 2, 4, 8),
                  length_buckets: Sequence[int] | None = None, compile_backend: Any = None,
-                 tokenizer: str | os.PathLike | None = None) -> None:
+                 tokenizer: str | os.PathLike | None = None,
+                 trained_length: int | None = None) -> None:
         self.path = Path(path).expanduser()
         self.device_name = device
         self.dtype = parse_dtype(dtype)
@@ -66,7 +70,10 @@ class GLAAdapter:
         if len(self.tokenizer) > self.config.vocab_size:
             raise ValueError(f"{self.name}: the tokenizer has {len(self.tokenizer)} tokens but the "
                              f"model's vocab_size is {self.config.vocab_size} ({self.path / 'config.json'})")
-        self.max_length = max_length if max_length is not None else self._config_max_length()
+        self.max_length = (max_length if max_length is not None
+                           else self._config_int(_MAX_LENGTH_KEYS))
+        self.trained_length = (trained_length if trained_length is not None
+                               else self._config_int(("trained_length",)))
         lazy = device in xla.KINDS  # XLA compiles every graph: always the bucketed shapes
         self.compiled = lazy if compile is None else bool(compile)
         if lazy and not self.compiled:
@@ -83,10 +90,10 @@ class GLAAdapter:
                                      backend=compile_backend or "inductor", pad_id=pad, device=device,
                                      sync=xla.sync if lazy else None)
 
-    def _config_max_length(self) -> int | None:
+    def _config_int(self, keys: Sequence[str]) -> int | None:
         path = self.path / "config.json"
         raw = json.loads(path.read_text())  # already parsed once by GLAConfig.from_json
-        for key in _MAX_LENGTH_KEYS:
+        for key in keys:
             value = raw.get(key)
             if value is None:
                 continue

@@ -1,29 +1,53 @@
-"""The shipped tiny pair: what issue 4 promises of the checkpoints, and the softmax twin's
-needle recall at its trained length through the whole pipeline (runner, adapters, scoring)."""
+"""The models trained here (model_adapters/tiny): every committed checkpoint loads under its
+registered name and matches its card, the set stays under 25 MB, and the softmax twin finds
+single needles at its trained length through the whole pipeline (runner, adapters, scoring).
+A newly trained checkpoint (the capacity family) is picked up by these tests automatically."""
 from __future__ import annotations
 
 import json
 import os
+import re
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from evalkit.cli import main
-from evalkit.model_adapters.embedded import TINY_DIR, TINY_TRAINED_LENGTH
+from evalkit.model_adapters.embedded import TINY_DIR, TINY_MODELS, tiny_trained_length
 from evalkit.models import load_model
 
 NAMES = ("recall-gla-tiny", "recall-softmax-tiny")
+COMMITTED = sorted(p.parent.name for p in TINY_DIR.glob("*/model.safetensors"))
 
 
-def test_checkpoints_are_small_matched_and_carded():
-    sizes = [(TINY_DIR / n / "model.safetensors").stat().st_size for n in NAMES]
-    assert sum(sizes) <= 25 * 2**20
+def test_committed_checkpoints_are_registered_and_small():
+    assert set(NAMES) <= set(COMMITTED)
+    assert set(COMMITTED) <= set(TINY_MODELS), "a checkpoint folder without a registered name"
+    assert sum((TINY_DIR / n / "model.safetensors").stat().st_size for n in COMMITTED) <= 25 * 2**20
+
+
+@pytest.mark.parametrize("name", COMMITTED)
+def test_checkpoint_loads_and_matches_its_card(name):
+    model = load_model(name)
+    card = (TINY_DIR / name / "README.md").read_text()
+    log = json.loads((TINY_DIR / name / "train_log.json").read_text())
+    params = int(re.search(r"^\| parameters \| ([\d,]+)", card, re.M).group(1).replace(",", ""))
+    assert params == model.num_parameters() == log["params"]
+    trained = int(re.search(r"^\| trained length \| (\d+) tokens", card, re.M).group(1))
+    assert trained == tiny_trained_length(name) == log["config"]["seq_len"]
+    assert "2^31" in card and "loss.png" in card and (TINY_DIR / name / "loss.png").is_file()
+    if TINY_MODELS[name][0] == "gla":  # no context window; the trained length is recorded
+        assert model.max_length is None and model.trained_length == trained
+        if "state_bytes" in log:
+            assert model.state_bytes_at(1) == log["state_bytes"]
+            assert f"{log['state_bytes']:,} B" in card
+    else:  # a softmax model keeps its positional range
+        assert model.max_length == trained
+
+
+def test_the_pair_is_matched():
     gla, soft = (load_model(n) for n in NAMES)
     assert abs(gla.num_parameters() - soft.num_parameters()) / soft.num_parameters() <= 0.05
-    for n in NAMES:
-        log = json.loads((TINY_DIR / n / "train_log.json").read_text())
-        assert log["config"]["seq_len"] == TINY_TRAINED_LENGTH  # evaluated only up to here
-        card = (TINY_DIR / n / "README.md").read_text()
-        assert "2^31" in card and "loss.png" in card and f"{TINY_TRAINED_LENGTH} tokens" in card
 
 
 def test_softmax_twin_finds_single_needles_at_its_trained_length(tmp_path):
@@ -39,3 +63,32 @@ def test_softmax_twin_finds_single_needles_at_its_trained_length(tmp_path):
     assert all(len(v) == 10 and all(s["error"] is None for s in v) for v in by_model.values())
     soft = [s["scores"]["exact_match"] for s in by_model["recall-softmax-tiny"]]
     assert sum(soft) / len(soft) >= 0.9, [s["prediction"] for s in by_model["recall-softmax-tiny"]]
+
+
+def test_gla_runs_past_its_trained_length_and_the_leaderboard_marks_it(tmp_path):
+    """A recurrent model has no context window: a 1,536-token prompt (past 1,152) is evaluated,
+    not flagged, and the published cell is marked; the softmax twin flags it over-length. The
+    load sweep feeds the capacity-by-state-size table and figures."""
+    out = tmp_path / "run"
+    assert main(["run", "--models", ",".join(NAMES), "--tasks", "needle,multikey_mqar",
+                 "--lengths", "1536", "--depths", "0.5", "--loads", "2,8", "--samples", "2",
+                 "--output", str(out), "--no-progress"]) == 0
+    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    gla = [s for s in samples if s["model"] == "recall-gla-tiny"]
+    assert gla and all(s["flag"] is None and s["scores"] for s in gla)
+    assert all(s["flag"] == "over_length" for s in samples if s["model"] == "recall-softmax-tiny")
+    models = json.loads((out / "results.json").read_text())["models"]
+    assert models["recall-gla-tiny"]["trained_length"] == 1152
+    assert models["recall-gla-tiny"]["max_length"] is None
+    board = tmp_path / "board"
+    assert main(["publish", str(out), "--to", str(board)]) == 0
+    readme = (board / "README.md").read_text()
+    row = next(line for line in readme.splitlines()
+               if line.startswith("| recall-gla-tiny | recurrent |"))
+    assert row.rstrip(" |").endswith("†")
+    soft = next(line for line in readme.splitlines()
+                if line.startswith("| recall-softmax-tiny | kv |"))
+    assert "†" not in soft and "flagged" in soft
+    section = readme.split("## Capacity by state size")[1].split("\n## ")[0]
+    assert "| recall-gla-tiny | recurrent | multikey_mqar | 1,536 † |" in section
+    assert (board / "plots" / "capacity-multikey_mqar.png").stat().st_size > 1000

@@ -232,8 +232,10 @@ def test_readme_tables_by_hand(real_run, board):
         assert (g["baseline"], g["model"]) == ("oracle", "forgetful")
         assert g["n_pairs"] == len(d) and g["gap"] == pytest.approx(statistics.fmean(d))
         assert min(d) - 1e-12 <= g["ci_low"] <= g["gap"] <= g["ci_high"] <= max(d) + 1e-12
+        excludes_zero = g["ci_low"] > 0 or g["ci_high"] < 0
         assert shown[(key[0], str(key[1]))][-1] == \
-            f"{g['gap']:+.2f} [{g['ci_low']:+.2f}, {g['ci_high']:+.2f}]"
+            f"{g['gap']:+.2f} [{g['ci_low']:+.2f}, {g['ci_high']:+.2f}]" + \
+            (" *" if excludes_zero else "")
     assert any(statistics.fmean(d) > 0 for d in diffs.values())  # the oracle recalls more
     # Every (length, depth, load) cell has its own gap with an interval.
     cells = pd.read_csv(board / "gaps.csv")
@@ -268,7 +270,7 @@ def test_every_plot_rendered(board):
 
     expected = {"state-bytes-lb_needle.png", "state-bytes-lb_load.png", "length-lb_needle.png",
                 "heatmap-lb_needle.png", "load-lb_load.png", "gap-lb_needle.png",
-                "gap-lb_load.png"}
+                "gap-lb_load.png", "capacity-lb_load.png", "capacity-bytes-lb_load.png"}
     assert {p.name for p in (board / "plots").iterdir()} == expected
     readme = (board / "README.md").read_text()
     for name in expected:
@@ -281,6 +283,7 @@ def test_every_plot_rendered(board):
     # The absent figures are named with their reason, never drawn empty.
     assert "lb_load: recall vs. context length: fewer than two lengths scored" in readme
     assert "lb_needle: recall vs. load: no load sweep (one load)" in readme
+    assert "lb_needle: recall vs. number of facts by state size: no load sweep" in readme
 
 
 # -- atomic publishing ----------------------------------------------------------------------

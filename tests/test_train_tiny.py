@@ -68,3 +68,26 @@ def test_bad_training_config_names_the_key(tmp_path, capsys):
     assert main(["train-tiny", "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "'stages.0.steps'" in err and "'colour'" in err and str(cfg) in err
+
+
+def test_out_that_is_a_file_fails_before_training(tmp_path, capsys):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("stages: [{tasks: [needle], lengths: [96], steps: 100000, pool: 2}]\n"
+                   "seq_len: 160\nhidden_size: 32\nnum_layers: 1\nnum_heads: 2\n"
+                   "intermediate_size: 96\nthreads: 1\n")
+    out = tmp_path / "afile"
+    out.write_text("mine\n")
+    assert main(["train-tiny", "--config", str(cfg), "--out", str(out)]) == 2  # no 100k steps
+    assert str(out) in capsys.readouterr().err and out.read_text() == "mine\n"
+
+
+def test_foreign_file_in_a_model_folder_is_refused_and_kept(tmp_path, capsys):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("stages: [{tasks: [needle], lengths: [96], steps: 100000, pool: 2}]\n"
+                   "seq_len: 160\nhidden_size: 32\nnum_layers: 1\nnum_heads: 2\n"
+                   "intermediate_size: 96\nthreads: 1\n")
+    mine = tmp_path / "D" / "recall-gla-tiny" / "important.txt"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("keep me\n")
+    assert main(["train-tiny", "--config", str(cfg), "--out", str(tmp_path / "D")]) == 2
+    assert str(mine) in capsys.readouterr().err and mine.read_text() == "keep me\n"

@@ -39,7 +39,8 @@ def _human(n: int | None) -> str:
 
 
 def _table(rows: list[dict], n_tokens: int) -> str:
-    head = ["name", "kind", "parameters", "state kind", f"state bytes @{n_tokens}", "", "dtype", "note"]
+    head = ["name", "kind", "parameters", "state kind", f"state bytes @{n_tokens}", "", "dtype",
+            "trained length", "note"]
     body = []
     for r in rows:
         body.append([
@@ -49,10 +50,11 @@ def _table(rows: list[dict], n_tokens: int) -> str:
             f"{r['state_bytes']:,}" if r.get("state_bytes") is not None else "-",
             _human(r.get("state_bytes")) if r.get("state_bytes") is not None else "",
             r.get("dtype") or "-",
+            f"{r['trained_length']:,}" if r.get("trained_length") else "-",
             r.get("error") or r.get("note") or "",
         ])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    right = {2, 4, 5}  # numbers right-aligned
+    right = {2, 4, 5, 7}  # numbers right-aligned
 
     def fmt(cells: list) -> str:
         return "  ".join((str(c).rjust(w) if i in right else str(c).ljust(w))

@@ -173,3 +173,62 @@ def gaps(samples: pd.DataFrame, pairs: Sequence[tuple[str, str]], by: Sequence[s
     cols = ["baseline", "model"] + by + ["n_pairs", "baseline_recall", "model_recall", "gap",
                                          "ci_low", "ci_high"]
     return pd.DataFrame(out, columns=cols)
+
+
+# -- capacity knee with a bootstrap interval (per state size) --------------------------------
+
+DEFAULT_KNEE_BOOT = 200  # each resample refits the logistic: ~5 ms per curve
+
+
+def knees_of(loads: np.ndarray, recall: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Capacity knees of many recall-vs-load curves at once (recall [B, L]; weights n [L]),
+    each as capacity_knee computes it: the fit_logistic grid, solved for every curve by one
+    matrix product (sse = sum w pred^2 - 2 sum w pred y + const). Censored curves give +inf
+    (never below 50 %) or 0.0 (below 50 % at every load)."""
+    x, w = np.log2(np.asarray(loads, float)), np.asarray(n, float)
+    recall = np.atleast_2d(np.asarray(recall, float))
+    x0s = np.arange(x.min() - 1.0, x.max() + 1.0 + 1e-9, 0.005)  # fit_logistic's grid
+    ss = np.geomspace(0.05, 50.0, 160)
+    pred = logistic(ss[:, None, None] * (x[None, None, :] - x0s[None, :, None])).reshape(-1, len(x))
+    sq, wp = (w * pred ** 2).sum(-1), (w * pred).T
+    best = np.concatenate([np.argmin(sq[None, :] - 2.0 * recall[i:i + 16] @ wp, axis=1)
+                           for i in range(0, len(recall), 16)]) % len(x0s)  # 16 curves: ~40 MB
+    out = 2.0 ** x0s[best]
+    out[(recall >= KNEE_LEVEL).all(1)] = np.inf
+    out[(recall < KNEE_LEVEL).all(1)] = 0.0
+    return out
+
+
+def knee_interval(values_by_load: dict[int, np.ndarray], n_boot: int = DEFAULT_KNEE_BOOT,
+                  seed: int = 0) -> tuple[float, float, float]:
+    """(knee, low, high): the knee of the observed curve and a 95 % percentile interval from
+    resampling the scored samples (probe questions) with replacement within each load.
+    Order statistics, not interpolation, so an infinite (censored) end stays infinite."""
+    loads = np.array(sorted(values_by_load), float)
+    vals = [np.asarray(values_by_load[int(L)], float) for L in loads]
+    n = np.array([len(v) for v in vals], float)
+    knee = float(knees_of(loads, np.array([v.mean() for v in vals]), n)[0])
+    rng = np.random.default_rng(seed)
+    boot = np.stack([v[rng.integers(0, len(v), (n_boot, len(v)))].mean(1) for v in vals], 1)
+    knees = np.sort(knees_of(loads, boot, n))
+    lo = knees[int(np.floor(0.025 * n_boot))]
+    hi = knees[max(0, int(np.ceil(0.975 * n_boot)) - 1)]
+    return knee, float(lo), float(hi)
+
+
+def capacity_knee_ci(samples: pd.DataFrame, n_boot: int = DEFAULT_KNEE_BOOT,
+                     seed: int = 0) -> pd.DataFrame:
+    """Per model x task x length with at least two loads: knee and its bootstrap interval,
+    with the model's mean state bytes (the capacity table orders rows by it)."""
+    s = samples[samples["scored"] & samples["recall"].notna()]
+    out = []
+    for key, g in s.groupby(ROW_ID + ["target_length"], sort=True):
+        by_load = {int(L): lg["recall"].to_numpy() for L, lg in g.groupby("load")}
+        if len(by_load) < 2:
+            continue
+        knee, lo, hi = knee_interval(by_load, n_boot, _seed_for(seed, *key))
+        out.append(dict(zip(ROW_ID + ["target_length"], key), knee=knee, ci_low=lo, ci_high=hi,
+                        loads=sorted(by_load), n=int(len(g)),
+                        state_bytes=float(g["state_bytes"].mean())))
+    cols = ROW_ID + ["target_length", "knee", "ci_low", "ci_high", "loads", "n", "state_bytes"]
+    return pd.DataFrame(out, columns=cols)

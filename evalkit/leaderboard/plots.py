@@ -6,6 +6,7 @@ the path written, or None when its data is absent (the README then says why it w
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Sequence
@@ -37,6 +38,15 @@ def fmt_len(n: float) -> str:
     if n >= 1024 and n % 1024 == 0:
         return f"{int(n // 1024)}k"
     return f"{n:,.0f}"
+
+
+def fmt_bytes(b: float) -> str:
+    if b is None or (isinstance(b, float) and math.isnan(b)):
+        return "—"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= scale:
+            return f"{b / scale:.3g} {unit}"
+    return f"{b:.0f} B"
 
 
 def _grid(n: int, w: float = 4.2, h: float = 3.4) -> tuple[Figure, list]:
@@ -105,6 +115,18 @@ def depth_length_heatmaps(samples: pd.DataFrame, task: str, path: Path) -> Path 
 
 # -- 2. recall vs. load ---------------------------------------------------------------------
 
+def _load_axes(ax, loads: Sequence, length: float) -> None:
+    """A recall-vs-load panel: log2 load axis at the tested loads, the 50 % knee level."""
+    ax.axhline(KNEE_LEVEL, color="grey", lw=0.7, ls=":")
+    ax.set_xscale("log", base=2)
+    _int_ticks(ax, loads, str)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("load (facts in context)")
+    ax.set_ylabel("recall")
+    ax.set_title(f"length {fmt_len(length)} tokens", fontsize=10)
+    ax.legend(fontsize=7)
+
+
 def recall_vs_load(samples: pd.DataFrame, knees: pd.DataFrame, task: str,
                    path: Path) -> Path | None:
     t = samples[samples["task_label"] == task]
@@ -126,14 +148,7 @@ def recall_vs_load(samples: pd.DataFrame, knees: pd.DataFrame, task: str,
                 xs = np.linspace(np.log2(g["load"].min()), np.log2(g["load"].max()), 200)
                 ax.plot(2 ** xs, logistic(s * (xs - x0)), "--", color=colors[m], lw=1)
                 ax.plot([2 ** x0], [KNEE_LEVEL], "x", color=colors[m], ms=9, mew=2)
-        ax.axhline(KNEE_LEVEL, color="grey", lw=0.7, ls=":")
-        ax.set_xscale("log", base=2)
-        _int_ticks(ax, sorted(per["load"].unique()), str)
-        ax.set_ylim(-0.03, 1.03)
-        ax.set_xlabel("load (facts in context)")
-        ax.set_ylabel("recall")
-        ax.set_title(f"length {fmt_len(L)} tokens", fontsize=10)
-        ax.legend(fontsize=7)
+        _load_axes(ax, sorted(per["load"].unique()), L)
     fig.suptitle(f"{task}: recall vs. load\n(dashed: logistic fit; x: capacity knee)",
                  fontsize=10)
     return _save(fig, path)
@@ -233,3 +248,111 @@ def gap_heatmaps(cell_gaps: pd.DataFrame, task: str, path: Path) -> Path | None:
     fig.colorbar(im, ax=axes, shrink=0.8, label="recall gap (baseline - model)")
     fig.suptitle(f"{task}: recall gap per cell (* = 95 % CI excludes 0)")
     return _save(fig, path)
+
+
+# -- 6. capacity by state size: recall vs. load, and recall vs. state bytes at one load -------
+
+BEYOND_NOTE = "hollow: past the model's trained length"
+
+
+def _by_state(samples: pd.DataFrame, identities: dict, task: str) -> pd.DataFrame | None:
+    """Recall per model x length x load for the task, with state bytes and the trained-length
+    mark; None without a load sweep."""
+    from evalkit.leaderboard.tables import beyond_trained
+
+    t = samples[samples["task_label"] == task]
+    if t["load"].nunique() < 2:
+        return None
+    per = aggregate(t, ["model_label", "target_length", "load"], ["recall"])
+    per = per[per["n"] > 0].copy()
+    per["beyond"] = beyond_trained(per, identities)
+    return per
+
+
+def _style(m: str, kinds: dict, rank: dict) -> dict:
+    """Recurrent models light to dark by state size; softmax black, its window grey."""
+    from matplotlib import colormaps
+
+    kind = kinds.get(m, "")
+    if kind == "recurrent":
+        color = colormaps["viridis"](0.15 + 0.7 * rank.get(m, 0))
+    else:
+        color = {"kv": "black", "kv-window": "grey"}.get(kind, "tab:red")
+    return {"color": color, "marker": _KIND_MARKER.get(kind, "o"),
+            "ls": "--" if kind == "kv-window" else "-"}
+
+
+def _ranks(per: pd.DataFrame, kinds: dict) -> dict[str, float]:
+    rec = (per[per["model_label"].map(kinds) == "recurrent"]
+           .groupby("model_label")["state_bytes"].mean().sort_values())
+    return {m: i / max(1, len(rec) - 1) for i, m in enumerate(rec.index)}
+
+
+def _points(ax, g: pd.DataFrame, x: str, style: dict, label: str) -> None:
+    ax.plot(g[x], g["recall"], ls=style["ls"], color=style["color"], lw=1.2)
+    ax.plot([], [], ls=style["ls"], marker=style["marker"], color=style["color"], label=label)
+    for beyond, part in g.groupby("beyond"):
+        ax.scatter(part[x], part["recall"], marker=style["marker"], s=26, zorder=3,
+                   facecolors="none" if beyond else style["color"], edgecolors=style["color"])
+
+
+def capacity_curves(samples: pd.DataFrame, kinds: dict, identities: dict, task: str,
+                    path: Path) -> Path | None:
+    """Recall vs. number of facts at each swept length: one line per model, recurrent models
+    ordered by state size, the softmax twin and its memory-matched window alongside."""
+    per = _by_state(samples, identities, task)
+    if per is None:
+        return None
+    rank = _ranks(per, kinds)
+    lengths = sorted(L for L, g in per.groupby("target_length") if g["load"].nunique() > 1)
+    if not lengths:
+        return None
+    fig, axes = _grid(len(lengths), w=5.2, h=3.8)
+    for ax, L in zip(axes, lengths):
+        g = per[per["target_length"] == L]
+        for m in g.groupby("model_label")["state_bytes"].mean().sort_values().index:
+            mg = g[g["model_label"] == m].sort_values("load")
+            _points(ax, mg, "load", _style(m, kinds, rank),
+                    f"{m} ({fmt_bytes(mg['state_bytes'].mean())})")
+        _load_axes(ax, sorted(g["load"].unique()), L)
+    fig.suptitle(f"{task}: recall vs. number of facts by state size\n({BEYOND_NOTE})",
+                 fontsize=10)
+    return _save(fig, path)
+
+
+def capacity_vs_state(samples: pd.DataFrame, kinds: dict, identities: dict, task: str,
+                      path: Path, load: int | None = None) -> Path | None:
+    """Recall vs. state bytes at one load (default: 16 if swept, else the median load), one
+    panel per length: where along the state axis recall gives out."""
+    per = _by_state(samples, identities, task)
+    if per is None:
+        return None
+    loads = sorted(per["load"].unique())
+    load = load if load is not None else (16 if 16 in loads else loads[len(loads) // 2])
+    per = per[(per["load"] == load) & (per["state_bytes"] > 0)]
+    if per["model_label"].nunique() < 2:
+        return None
+    rank = _ranks(per, kinds)
+    lengths = sorted(per["target_length"].unique())
+    fig, axes = _grid(len(lengths), w=5.2, h=3.8)
+    for ax, L in zip(axes, lengths):
+        g = per[per["target_length"] == L]
+        rec = g[g["model_label"].map(kinds) == "recurrent"].sort_values("state_bytes")
+        if len(rec):
+            _points(ax, rec, "state_bytes", {"color": "tab:green", "marker": "o", "ls": "-"},
+                    "recurrent (GLA) models")
+        for m, mg in g[g["model_label"].map(kinds) != "recurrent"].groupby("model_label"):
+            st = _style(m, kinds, rank)
+            _points(ax, mg, "state_bytes", {**st, "ls": "none"}, m)
+        for _, r in g.iterrows():
+            ax.annotate(r["model_label"], (r["state_bytes"], r["recall"]), fontsize=5,
+                        textcoords="offset points", xytext=(3, 3))
+        ax.set_xscale("log")
+        ax.set_ylim(-0.03, 1.06)
+        ax.set_xlabel("bytes held at the question (state / KV cache), log")
+        ax.set_ylabel("recall")
+        ax.set_title(f"length {fmt_len(L)} tokens, {load} facts", fontsize=10)
+        ax.legend(fontsize=6)
+    fig.suptitle(f"{task}: recall vs. state bytes at load {load}\n({BEYOND_NOTE})", fontsize=10)
+    return _save(fig, path)
+

@@ -225,6 +225,7 @@ def draw_plots(board: Board, out: Path) -> tuple[dict[str, list[tuple[str, str]]
         "Recall vs. context length": [],
         "Needle heatmaps (depth x length)": [],
         "Recall vs. load": [],
+        "Capacity by state size": [],
         "Recall gap per cell": [],
     }
     skipped: list[str] = []
@@ -253,6 +254,14 @@ def draw_plots(board: Board, out: Path) -> tuple[dict[str, list[tuple[str, str]]
         add("Recall vs. load", f"{task}: recall vs. load", f"load-{s}.png",
             lambda p: P.recall_vs_load(board.samples, board.knees, task, p),
             why="no load sweep (one load)")
+        add("Capacity by state size", f"{task}: recall vs. number of facts by state size",
+            f"capacity-{s}.png",
+            lambda p: P.capacity_curves(board.samples, board.kinds, board.identities, task, p),
+            why="no load sweep (one load)")
+        add("Capacity by state size", f"{task}: recall vs. state bytes at a fixed load",
+            f"capacity-bytes-{s}.png",
+            lambda p: P.capacity_vs_state(board.samples, board.kinds, board.identities, task, p),
+            why="no load sweep, or fewer than two models at the load")
         add("Recall gap per cell", f"{task}: recall gap per cell", f"gap-{s}.png",
             lambda p: P.gap_heatmaps(board.cell_gaps, task, p),
             why="no baseline/model pair answered its probes")

@@ -9,23 +9,20 @@ import pandas as pd
 from evalkit import scoring
 from evalkit.leaderboard import derived
 from evalkit.leaderboard.board import Board
-from evalkit.leaderboard.plots import fmt_len
-
-
-def fmt_bytes(b: float) -> str:
-    if b is None or (isinstance(b, float) and math.isnan(b)):
-        return "—"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= scale:
-            return f"{b / scale:.3g} {unit}"
-    return f"{b:.0f} B"
+from evalkit.leaderboard.tables import beyond_trained
+from evalkit.leaderboard.plots import fmt_bytes, fmt_len
 
 
 def _num(x: float, fmt: str = "{:.2f}") -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
+BEYOND_MARK = "†"  # the cell's length is past the model's trained length (recurrent models)
+
+
 def fmt_recall(r: pd.Series, col: str = "recall") -> str:
+    if r.get("beyond_trained", False) and r["n"] > 0:
+        return fmt_recall(r.drop("beyond_trained"), col) + " " + BEYOND_MARK
     if r["n"] == 0:
         why = []
         if r["n_flagged"]:
@@ -64,7 +61,7 @@ def _len_header(lengths: list[int]) -> list[str]:
 def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[str, str]]],
            skipped: Sequence[str], version: str, drift: Sequence[tuple[str, dict]] = ()) -> str:
     o = board.options
-    bl = board.by_len
+    bl = board.by_len.assign(beyond_trained=beyond_trained(board.by_len, board.identities))
     runs = board.merged.runs
     latest = max(r.created for r in runs)
     out: list[str] = []
@@ -90,7 +87,9 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
     w("## Recall by context length\n")
     w("Mean primary recall ± standard error over scored samples, pooled over depth and load "
       "(n = scored samples). Lengths are the requested prompt length in each model's own "
-      "tokens.\n")
+      f"tokens. {BEYOND_MARK}: past the model's trained length (a recurrent model has no "
+      "context window and is evaluated there; a softmax model is flagged over-length "
+      "instead).\n")
     for task in sorted(board.tasks):
         g = bl[bl["task_label"] == task]
         lengths = sorted(int(x) for x in g["target_length"].unique())
@@ -142,6 +141,8 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
                          ", ".join(f"{n}: {y:.2f}" for n, y in zip(loads, r["recall"]))])
         w(table(["model", "task", "length (tok)", "knee (facts)", "recall by load"], rows) + "\n")
 
+    w(capacity_section(board))
+
     # -- state bytes ----------------------------------------------------------------------
     w("## State bytes vs. KV cache by length\n")
     w("Mean bytes the model holds when it answers (recurrent state, KV cache, or the reference "
@@ -172,13 +173,15 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
           "`--gap BASELINE:MODEL`).\n")
     else:
         w(f"Paired over the same probes and questions; 95 % paired bootstrap interval "
-          f"({o.n_boot} resamples, seed {o.seed}). Pooled over depth and load here; every "
-          f"(length, depth, load) cell is in [gaps.csv](gaps.csv).\n")
+          f"({o.n_boot} resamples, seed {o.seed}); `*`: the interval excludes 0. Pooled over "
+          f"depth and load here; every (length, depth, load) cell is in [gaps.csv](gaps.csv)."
+          f"\n")
         rows = []
         for _, r in board.length_gaps.iterrows():
             rows.append([r["baseline"], r["model"], r["task_label"], fmt_len(r["target_length"]),
                          r["n_pairs"], _num(r["baseline_recall"]), _num(r["model_recall"]),
-                         f"{r['gap']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"])
+                         f"{r['gap']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"
+                         + (" *" if r["ci_low"] > 0 or r["ci_high"] < 0 else "")])
         w(table(["baseline", "model", "task", "length (tok)", "pairs", "baseline recall",
                  "model recall", "gap [95 % CI]"], rows) + "\n")
 
@@ -216,6 +219,55 @@ def _drift(drift: Sequence[tuple[str, dict]]) -> str:
             "task in [drift.csv](drift.csv).\n\n" + summary_table(rows))
 
 
+def _fmt_knee(k: float, loads: list[int]) -> str:
+    if math.isinf(k):
+        return f"> {loads[-1]}"
+    if k == 0:
+        return f"< {loads[0]}"
+    return f"{k:.3g}"
+
+
+def capacity_section(board: Board) -> str:
+    """The capacity knee per state size, with its bootstrap interval, and whether the knee
+    moves with the state (the measured order of the recurrent models' knees)."""
+    out = ["## Capacity by state size\n"]
+    ci = derived.capacity_knee_ci(board.samples, seed=board.options.seed)
+    if ci.empty:
+        out.append("Not computed: no task sweeps the load.\n")
+        return "\n".join(out)
+    out.append(f"Knee: the load (facts in context) where recall falls below "
+               f"{derived.KNEE_LEVEL:.0%} (the logistic fit of the capacity-knee table); 95 % "
+               f"interval from {derived.DEFAULT_KNEE_BOOT} resamples of the scored questions "
+               f"within each load. Rows by bytes held. {BEYOND_MARK}: length past the model's "
+               f"trained length.\n")
+    rows, verdicts = [], []
+    for (task, L), g in ci.sort_values("state_bytes").groupby(["task_label", "target_length"],
+                                                              sort=True):
+        beyond = beyond_trained(g, board.identities)
+        for (_, r), past in zip(g.iterrows(), beyond):
+            lo, hi = (_fmt_knee(v, r["loads"]) for v in (r["ci_low"], r["ci_high"]))
+            rows.append([r["model_label"], board.kinds.get(r["model_label"], ""), task,
+                         fmt_len(L) + (f" {BEYOND_MARK}" if past else ""),
+                         fmt_bytes(r["state_bytes"]), _fmt_knee(r["knee"], r["loads"]),
+                         f"[{lo}, {hi}]", r["n"]])
+        rec = g[g["model_label"].map(board.kinds) == "recurrent"]
+        if len(rec) >= 2:
+            k = rec["knee"].to_numpy()
+            order = ("rises with state size" if all(a <= b for a, b in zip(k, k[1:])) else
+                     "does not rise monotonically with state size")
+            apart = rec["ci_high"].iat[0] < rec["ci_low"].iat[-1]
+            verdicts.append(f"- {task} at {fmt_len(L)} tokens: the recurrent models' knee "
+                            f"{order} ({', '.join(_fmt_knee(x, rec['loads'].iat[0]) for x in k)}"
+                            f" facts from the smallest to the largest state); the smallest and "
+                            f"largest state's intervals "
+                            f"{'do not overlap' if apart else 'overlap'}.")
+    out.append(table(["model", "state", "task", "length (tok)", "bytes held", "knee (facts)",
+                      "95 % interval", "n"], rows) + "\n")
+    if verdicts:
+        out.append("\n".join(verdicts) + "\n")
+    return "\n".join(out)
+
+
 HOW_TO_READ = """## How to read
 
 - **Recall** is each task's primary metric, named above its table: by default the first of
@@ -237,6 +289,14 @@ HOW_TO_READ = """## How to read
   recall = 1 / (1 + exp(s (log2 load - x0))), by weighted (by n) least squares on a dense grid;
   the knee is the load 2^x0 where the fit crosses {knee:.0%}. "> N": recall never fell below
   {knee:.0%} up to the largest load N; "< N": below {knee:.0%} already at the smallest load.
+- **Past the trained length** (†): a recurrent model has no context window, so it is
+  evaluated beyond the longest sequence it was trained on (its `trained_length`, recorded in
+  the run); such cells are marked, in tables and as hollow markers in the capacity figures. A
+  softmax model's prompts beyond its positional range are flagged over-length, not scored.
+- **Capacity by state size**: the knee as above, per model, with a 95 % percentile interval
+  from resampling the scored questions with replacement within each load (the fit repeated
+  per resample); "> N" / "< N" ends: the resampled curve never fell below 50 % / was below it
+  at every load.
 - **State bytes**: bytes the model holds at the question: the recurrent state (fixed), the KV
   cache (grows with length), a sliding-window KV cache sized to the recurrent state
   (`kv-window`, the memory-matched baseline), or the reference models' token memory.

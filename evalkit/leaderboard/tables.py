@@ -114,3 +114,12 @@ def by_length(samples: pd.DataFrame) -> pd.DataFrame:
 def model_kinds(samples: pd.DataFrame) -> dict[str, str]:
     """model_label -> state kind (the most common among its samples)."""
     return {m: g["state_kind"].mode().iat[0] for m, g in samples.groupby("model_label")}
+
+
+def beyond_trained(df: pd.DataFrame, identities: dict[str, dict]) -> pd.Series:
+    """Per row: is its length past the model's trained length? Recurrent models run at any
+    length and record the longest sequence they were trained on (identity `trained_length`);
+    a softmax model's prompts past its range are flagged over-length instead, not scored."""
+    trained = pd.to_numeric(df["model_label"].map(
+        lambda m: (identities.get(m) or {}).get("trained_length")), errors="coerce")
+    return (df["target_length"] > trained).fillna(False).astype(bool)

@@ -24,63 +24,88 @@ class Stage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     tasks: tuple[str, ...]
     lengths: tuple[int, ...]              # probe lengths; the gold answers follow them
-    steps: int = Field(ge=1)
-    pool: int = Field(default=1000, ge=1)  # distinct training sequences (cycled)
+    steps: int = Field(ge=1, le=1_000_000)
+    pool: int = Field(default=1000, ge=1, le=200_000)  # distinct training sequences (cycled)
+    # per task, for this stage only (short stages cannot hold the long stages' loads);
+    # a task not named here takes the recipe's `loads`
+    loads: dict[str, tuple[int, ...]] = Field(default_factory=dict)
 
 
-class TrainConfig(BaseModel):
+class Recipe(BaseModel):
+    """What every recipe shares: data curriculum, loss weights, optimizer, width and depth."""
     model_config = ConfigDict(extra="forbid", frozen=True)
     # Short contexts first: a tiny model learns to find and copy a value in a 100-token text
     # long before it can in 1,000 tokens, and what it learns there carries over.
     stages: tuple[Stage, ...] = Field(min_length=1)
     include: tuple[str, ...] = ()         # extra task folders (training-only variants)
     loads: dict[str, tuple[int, ...]] = Field(default_factory=dict)  # per task; default (1,)
-    seq_len: int = 1024                   # trained length: no sequence is longer; eval up to here
-    batch_tokens: int = 8192              # tokens per step: batch_tokens // probe length rows
-    lr: float = 3e-3
-    warmup: int = 50
+    seq_len: int = Field(default=1024, ge=16, le=65536)  # trained length: no sequence is longer
+    batch_tokens: int = Field(default=8192, ge=16, le=1 << 20)  # per step: // length rows
+    warmup: int = Field(default=50, ge=1)
     weight_decay: float = 0.1
     answer_weight: float = 5.0            # loss weight of answer tokens
     context_weight: float = 1.0           # loss weight of every other token
     seed: int = 0
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4                    # softmax heads
-    # GLA heads: its recall lives in per-head d_k x d_v states, so fewer, larger heads (Laplace
-    # 3B: 2 of d_k 192) recall where four 16 x 32 states measured at chance; parameters are
-    # the same for any head count.
-    gla_heads: int = 1
-    intermediate_size: int = 352
-    threads: int = 2
+    hidden_size: int = Field(default=128, ge=8, le=4096)
+    num_layers: int = Field(default=4, ge=1, le=64)
+    intermediate_size: int = Field(default=352, ge=8, le=16384)
+    threads: int = Field(default=2, ge=1, le=64)
 
     @property
     def steps(self) -> int:
         return sum(s.steps for s in self.stages)
 
 
-def build_pair(cfg: TrainConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
+class TrainConfig(Recipe):
+    """The matched pair (configs/train_tiny.yaml): one GLA, one Llama, one learning rate."""
+    lr: float = 3e-3
+    num_heads: int = 4                    # softmax heads
+    # GLA heads: its recall lives in per-head d_k x d_v states, so fewer, larger heads (Laplace
+    # 3B: 2 of d_k 192) recall where four 16 x 32 states measured at chance; parameters are
+    # the same for any head count.
+    gla_heads: int = 1
 
+
+def build_gla(cfg: Recipe, vocab_size: int, ids: tuple[int, int, int], *, num_heads: int,
+              expand_k: float = 0.5, expand_v: float = 1.0, tie: bool = False):
+    """A seeded random GLA of the recipe's width and depth. ids: (pad, bos, eos)."""
     from evalkit.model_adapters.gla.checkpoint import build_model
     from evalkit.model_adapters.gla.config import GLAConfig
 
+    pad_id, bos_id, eos_id = ids
     gla_cfg = GLAConfig(vocab_size=vocab_size, hidden_size=cfg.hidden_size,
-                        num_hidden_layers=cfg.num_layers, num_heads=cfg.gla_heads,
-                        expand_k=0.5, expand_v=1.0, intermediate_size=cfg.intermediate_size,
+                        num_hidden_layers=cfg.num_layers, num_heads=num_heads,
+                        expand_k=expand_k, expand_v=expand_v,
+                        intermediate_size=cfg.intermediate_size,
                         use_short_conv=True, conv_size=4, max_position_embeddings=cfg.seq_len,
                         bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
-                        tie_word_embeddings=False)
+                        tie_word_embeddings=tie)
+    gla_cfg.validate("training config")
     torch.manual_seed(cfg.seed)
-    gla = build_model(gla_cfg)
+    return build_model(gla_cfg), gla_cfg
+
+
+def build_llama(cfg: Recipe, vocab_size: int, ids: tuple[int, int, int], *, num_heads: int,
+                tie: bool = False):
+    """A seeded random transformers Llama (softmax attention, RoPE) of the same width/depth."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    pad_id, bos_id, eos_id = ids
     llama_cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=cfg.hidden_size,
                             intermediate_size=cfg.intermediate_size,
-                            num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-                            num_key_value_heads=cfg.num_heads,
+                            num_hidden_layers=cfg.num_layers, num_attention_heads=num_heads,
+                            num_key_value_heads=num_heads,
                             max_position_embeddings=cfg.seq_len, rope_theta=10000.0,
                             bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
-                            tie_word_embeddings=False, attn_implementation="sdpa")
+                            tie_word_embeddings=tie, attn_implementation="sdpa")
     torch.manual_seed(cfg.seed)
-    llama = LlamaForCausalLM(llama_cfg)
+    return LlamaForCausalLM(llama_cfg)
+
+
+def build_pair(cfg: TrainConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int):
+    ids = (pad_id, bos_id, eos_id)
+    gla, gla_cfg = build_gla(cfg, vocab_size, ids, num_heads=cfg.gla_heads)
+    llama = build_llama(cfg, vocab_size, ids, num_heads=cfg.num_heads)
     n_gla, n_llama = (sum(p.numel() for p in m.parameters()) for m in (gla, llama))
     if abs(n_gla - n_llama) / n_llama > 0.05:
         raise ValueError(f"tiny pair parameters differ by more than 5 %: GLA {n_gla:,} vs "
@@ -88,17 +113,55 @@ def build_pair(cfg: TrainConfig, vocab_size: int, pad_id: int, bos_id: int, eos_
     return gla, gla_cfg, llama
 
 
-def _lr(step: int, cfg: TrainConfig) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * 0.5 * (1 + math.cos(math.pi * t))
+def lr_at(step: int, lr: float, warmup: int, steps: int) -> float:
+    """Linear warm-up then cosine to 0 over `steps`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return lr * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def batch_schedule(stages, pools, scale: float = 1.0) -> list[tuple[dict, int]]:
+    """Per step: (that stage's sequences by probe length, this step's probe length). Batches
+    hold one probe length, padded only to their own longest row, so a step costs about
+    batch_tokens whatever the length. scale shortens every stage alike (sweeps)."""
+    schedule = []
+    for st, (_, pool) in zip(stages, pools):
+        by_len: dict[int, list] = {}
+        for s in pool:
+            by_len.setdefault(s.length, []).append(s)
+        buckets = sorted(by_len)
+        n = max(1, round(st.steps * scale))
+        schedule += [(by_len, buckets[i % len(buckets)]) for i in range(n)]
+    return schedule
 
 
 def _loss(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
                           reduction="none")
     return (nll * w.reshape(-1)).sum() / w.sum()
+
+
+def logits_of(model, x: torch.Tensor) -> torch.Tensor:
+    """Our GLA returns logits; a transformers model returns an output object."""
+    out = model(input_ids=x)
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def train_step(model, opt, x, y, w, lr: float, answer_weight: float) -> tuple[float, float]:
+    """One AdamW step (grad clip 1.0). Returns (weighted loss, loss on answer tokens alone)."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    model.train()
+    logits = logits_of(model, x)
+    loss = _loss(logits, y, w)
+    with torch.no_grad():  # recall is the point: log the loss on answer tokens alone
+        ans = _loss(logits.detach(), y, (w == answer_weight).float())
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item(), ans.item()
 
 
 def train_pair(cfg: TrainConfig, tokenizer: Any, log=print) -> dict:
@@ -130,35 +193,18 @@ def _train_pair(cfg: TrainConfig, tokenizer: Any, log) -> dict:
     answer_history: dict[str, list[float]] = {k: [] for k in models}
     seconds = {k: 0.0 for k in models}
     rng = random.Random(cfg.seed)
-    # Batches hold sequences of one probe length, padded only to their own longest row, so a
-    # step costs about batch_tokens whatever the length.
-    schedule = []
-    for st, (_, pool) in zip(cfg.stages, pools):
-        by_len: dict[int, list] = {}
-        for s in pool:
-            by_len.setdefault(s.length, []).append(s)
-        buckets = sorted(by_len)
-        schedule += [(by_len, buckets[i % len(buckets)]) for i in range(st.steps)]
+    schedule = batch_schedule(cfg.stages, pools)
     for step, (by_len, L) in enumerate(schedule):
         seqs = rng.sample(by_len[L], min(len(by_len[L]), max(1, cfg.batch_tokens // L)))
         x, y, w = batch(seqs, max(len(s.ids) - 1 for s in seqs), pad, cfg.answer_weight,
                         cfg.context_weight)
         for k, m in models.items():
-            for g in opts[k].param_groups:
-                g["lr"] = _lr(step, cfg)
             t = time.time()
-            m.train()
-            logits = m(x) if k == "gla" else m(input_ids=x).logits
-            loss = _loss(logits, y, w)
-            with torch.no_grad():  # recall is the point: log the loss on answer tokens alone
-                ans = _loss(logits.detach(), y, (w == cfg.answer_weight).float())
-            opts[k].zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-            opts[k].step()
+            loss, ans = train_step(m, opts[k], x, y, w, lr_at(step, cfg.lr, cfg.warmup, cfg.steps),
+                                   cfg.answer_weight)
             seconds[k] += time.time() - t
-            history[k].append(loss.item())
-            answer_history[k].append(ans.item())
+            history[k].append(loss)
+            answer_history[k].append(ans)
         if step % 10 == 0 or step == cfg.steps - 1:
             log(f"step {step:4d} len {L:4d}  loss gla {history['gla'][-1]:.3f} softmax "
                 f"{history['softmax'][-1]:.3f}  answer-loss gla {answer_history['gla'][-1]:.3f} "
@@ -169,12 +215,12 @@ def _train_pair(cfg: TrainConfig, tokenizer: Any, log) -> dict:
             "params": {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}}
 
 
-def stage_pools(cfg: TrainConfig, reg, tokenizer: Any) -> list[tuple[int, list]]:
+def stage_pools(cfg: Recipe, reg, tokenizer: Any) -> list[tuple[int, list]]:
     """Each stage's sequences with its first seed; the stages' seed ranges never overlap."""
     pools, offset = [], 0
     for i, st in enumerate(cfg.stages):
         pool = make_pool([reg.get(t) for t in st.tasks], tokenizer, lengths=st.lengths,
-                         loads=cfg.loads, n=st.pool, seed_offset=offset)
+                         loads={**cfg.loads, **st.loads}, n=st.pool, seed_offset=offset)
         longest = max(len(s.ids) for s in pool)
         if longest > cfg.seq_len + 1:
             raise ValueError(f"training config: stages[{i}]: a sequence (probe and answers) has "

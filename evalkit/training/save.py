@@ -1,0 +1,77 @@
+"""Write what `evalkit train-tiny` trained: one folder per model (checkpoint, tokenizer, card,
+loss plot, train_log.json), each finished in a hidden work folder and then put in place."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from evalkit import __version__
+from evalkit.training.output import check_out, fresh_tmp, install
+
+
+def _finish(tmp: Path, out: Path, name: str, tokenizer: Any, log: dict, card: str) -> None:
+    tokenizer.save_pretrained(tmp)
+    (tmp / "train_log.json").write_text(json.dumps({**log, "evalkit_version": __version__},
+                                                   indent=1) + "\n")
+    (tmp / "README.md").write_text(card)
+    install(tmp, out / name)
+    print(f"wrote {out / name}")
+
+
+def train_and_write_pair(cfg, tokenizer: Any, out: Path, tok_path: str, config_path: str) -> None:
+    from evalkit.model_adapters.gla.checkpoint import save_checkpoint
+    from evalkit.training.cards import NAMES, pair_card, pair_loss_plot
+    from evalkit.training.train import train_pair
+
+    check_out(out, NAMES.values())  # before training: never lose an hour to a bad --out
+    t0 = time.time()
+    result = train_pair(cfg, tokenizer)
+    gla, gla_cfg = result["gla"]
+    llama = result["softmax"]
+    for kind, name in NAMES.items():
+        tmp = fresh_tmp(out, name)
+        if kind == "gla":
+            save_checkpoint(gla.float(), gla_cfg, tmp)
+        else:
+            llama.save_pretrained(tmp, safe_serialization=True)
+        pair_loss_plot(result, tmp / "loss.png")
+        log = {"config": cfg.model_dump(mode="json"), "history": result["history"][kind],
+               "answer_history": result["answer_history"][kind],
+               "seconds": result["seconds"][kind], "params": result["params"][kind]}
+        _finish(tmp, out, name, tokenizer, log, pair_card(name, kind, cfg, result, gla_cfg,
+                                                          llama.config, tok_path, config_path))
+    print(f"trained the pair in {(time.time() - t0) / 60:.1f} min")
+
+
+def train_and_write_family(cfg, tokenizer: Any, out: Path, tok_path: str,
+                           config_path: str) -> None:
+    from evalkit.training.family import train_family
+    from evalkit.training.family_card import family_card, family_loss_plot
+
+    names = [m.name for m in cfg.models]
+    check_out(out, names)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    work = Path(tempfile.mkdtemp(dir=out, prefix=".train-family-"))  # ours alone
+    try:
+        results = train_family(cfg, tokenizer, work)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    for name in names:  # an error from here on keeps `work` (trained models) and names it
+        r, tmp = results[name], work / name
+        family_loss_plot(r, tmp / "loss.png")
+        log = {"config": cfg.model_dump(mode="json"), "member": name, "lr": r["lr"],
+               "sweep": [{k: v for k, v in s.items() if k != "answer_history"}
+                         for s in r["sweep"]],
+               "heldout_em": r["heldout_em"], "heldout_answer_loss": r["heldout_answer_loss"],
+               "history": r["history"], "answer_history": r["answer_history"],
+               "seconds": r["seconds"], "params": r["params"], "state_bytes": r["state_bytes"]}
+        _finish(tmp, out, name, tokenizer, log,
+                family_card(name, cfg, results, tok_path, config_path))
+    shutil.rmtree(work)
+    print(f"trained the family in {(time.time() - t0) / 60:.1f} min")
