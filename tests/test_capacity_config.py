@@ -32,7 +32,7 @@ def test_standard_cpu_grid_is_paired_with_30_probes_per_cell():
 def test_standard_cpu_capacity_length_is_inside_the_family_training_range():
     """The capacity figure's length must be one the softmax twin was trained on, or its line
     would be flagged over-length."""
-    from evalkit.train_cmd import load_config
+    from evalkit.cli.train import load_config
 
     cfg = load_config(str(ROOT / "configs" / "train_capacity.yaml"))
     r = resolve(load_suite(ROOT / "configs" / "standard-cpu.yaml"))

@@ -85,7 +85,7 @@ def test_family_config_errors_name_the_key(tmp_path, capsys):
 def test_shipped_family_recipe_meets_the_issue(config):
     """Issue 14: >= 4 GLAs whose states span >= 16x, a softmax twin, >= 3 learning rates,
     and the final trainings within the budget's step count of the shipped recipe."""
-    from evalkit.train_cmd import load_config
+    from evalkit.cli.train import load_config
     from evalkit.training.family import FamilyConfig
     from evalkit.training.train import build_gla
 
@@ -103,7 +103,7 @@ def test_shipped_family_recipe_builds_every_stage(tiny_tokenizer):
     """Every (task, length, load) a stage can draw makes a sequence within seq_len, so the
     family's training cannot fail on its data after hours of sweeps."""
     from evalkit.taskspec import discover
-    from evalkit.train_cmd import load_config
+    from evalkit.cli.train import load_config
     from evalkit.training.data import TRAIN_SEED_BASE, training_sequence
 
     cfg = load_config(str(Path(__file__).resolve().parents[1] / "configs" / "train_capacity.yaml"))
