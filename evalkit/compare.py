@@ -37,7 +37,7 @@ DEFAULT_METRIC = scoring.ANSWER_METRIC
 ALL = "all"  # the task label of the row pooled over every task
 
 # Identity fields that are evaluation settings, not the model: they may differ.
-SETTINGS = ("dtype", "state_dtype", "device", "backend", "compile", "compiled",
+SETTINGS = ("dtype", "state_dtype", "device", "pjrt_device", "backend", "compile", "compiled",
             "compile_backend", "batch_buckets", "length_buckets", "chunk_size", "prefill_segment",
             "prefill_chunk", "score_batch", "score_batch_bytes", "max_length", "options",
             "transformers")

@@ -37,8 +37,9 @@ def _grid(lengths, depths, loads):
 # the valid region, where most examples must build a probe; and the bad values, each an error
 grid = _grid(st.integers(256, 2048), st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0, 1)),
              st.integers(4, 12))
-bad_grid = _grid(st.integers(-5, 2048), st.one_of(st.floats(0, 1), st.sampled_from(
-    [-0.01, 1.01, math.nan, math.inf])), st.integers(-2, 1100))
+bad_grid = _grid(st.one_of(st.integers(-5, 2048), st.just(2**40)),  # 2**40: the length limit
+                 st.one_of(st.floats(0, 1), st.sampled_from([-0.01, 1.01, math.nan, math.inf])),
+                 st.integers(-2, 1100))
 
 
 def check(tokenizer, case) -> None:
@@ -93,3 +94,13 @@ def test_conversation_load_beyond_its_keys_is_an_error_not_a_hang(tiny_tokenizer
         spec.generator(spec.params, task=spec.name, version=spec.version,
                        tokenizer=tiny_tokenizer, length=1716, depth=0.9, load=1013,
                        seed=1684936873)
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_absurd_length_is_refused_before_building(tiny_tokenizer, name):
+    """No model bounds a recurrent model's length: the probe builder does, before any work
+    (2**40 tokens used to grow until the process was killed)."""
+    spec = discover().get(name)
+    with pytest.raises(ValueError, match=r"^length=1099511627776 is above the 1,048,576-token"):
+        spec.generator(spec.params, task=name, version=spec.version, tokenizer=tiny_tokenizer,
+                       length=2**40, depth=0.5, load=4, seed=0)

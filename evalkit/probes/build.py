@@ -37,10 +37,17 @@ def probe_id(task: str, length: int, depth: float, load: int, seed: int) -> str:
     return f"{task}-L{length}-d{depth:g}-n{load}-s{seed}"
 
 
+# A recurrent model has no context window, so no model bounds the length; building a probe
+# costs time and memory in proportion to it (10M tokens: minutes and gigabytes).
+MAX_LENGTH = 1 << 20
+
+
 def check_grid_point(length: Any, depth: Any, load: Any) -> None:
     """Reject bad grid inputs with errors that name the field. Nothing is ever clamped."""
     if isinstance(length, bool) or not isinstance(length, numbers.Integral) or length < 1:
         raise ValueError(f"length={length!r} must be a positive integer number of tokens")
+    if length > MAX_LENGTH:
+        raise ValueError(f"length={length!r} is above the {MAX_LENGTH:,}-token limit of a probe")
     if (isinstance(depth, bool) or not isinstance(depth, numbers.Real)
             or not 0.0 <= depth <= 1.0):  # NaN fails the comparison too
         raise ValueError(f"depth={depth!r} outside [0, 1]")
