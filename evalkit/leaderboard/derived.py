@@ -226,7 +226,7 @@ def capacity_knee_ci(samples: pd.DataFrame, n_boot: int = DEFAULT_KNEE_BOOT,
         by_load = {int(L): lg["recall"].to_numpy() for L, lg in g.groupby("load")}
         if len(by_load) < 2:
             continue
-        knee, lo, hi = knee_interval(by_load, n_boot, _seed_for(seed, *key))
+        knee, lo, hi = knee_interval(by_load, n_boot, seed_for(seed, *key))
         out.append(dict(zip(ROW_ID + ["target_length"], key), knee=knee, ci_low=lo, ci_high=hi,
                         loads=sorted(by_load), n=int(len(g)),
                         state_bytes=float(g["state_bytes"].mean())))
