@@ -58,6 +58,10 @@ def check_probe(probe: Any, *, task: str, version: str, length: int, depth: floa
         got = getattr(m, key)
         if got != want or type(got) is bool:
             fail(f"meta.{key} is {got!r}; expected {want!r} (the value it was asked for)")
+    try:
+        json.dumps(probe.to_dict(), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        fail(f"a field is not plain JSON ({e}); expected strings and finite numbers")
     limit = tolerance(length)
     if not _int(m.tolerance) or not 0 <= m.tolerance <= limit:
         fail(f"meta.tolerance is {m.tolerance!r}; expected an integer in [0, {limit}] "
@@ -116,7 +120,3 @@ def _check_fields(probe: Probe, fail) -> None:
                  f"[1, {MAX_NEW_TOKENS}]")
         if not isinstance(q.depth, numbers.Real) or not math.isfinite(q.depth):
             fail(f"questions[{i}].depth is {q.depth!r}; expected a number in [0, 1]")
-    try:
-        json.dumps(probe.to_dict(), allow_nan=False)
-    except (TypeError, ValueError) as e:
-        fail(f"a field is not plain JSON ({e}); expected strings and finite numbers")

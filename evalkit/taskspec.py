@@ -341,8 +341,8 @@ def generate_probes(spec: TaskSpec, tokenizer: Any, points: Sequence[GridPoint])
     from evalkit.probe_checks import check_probe
 
     limit = generator_timeout()
-    seen: dict[str, GridPoint] = {}
-    for p in points:
+    seen: dict[str, int] = {}
+    for i, p in enumerate(points):
         where = (f"task {spec.name!r} ({spec.source}): generator {spec.generator_ref} "
                  f"({_generator_file(spec)}) at length={p.length}, depth={p.depth}, "
                  f"load={p.load}, sample {p.index}")
@@ -358,8 +358,9 @@ def generate_probes(spec: TaskSpec, tokenizer: Any, points: Sequence[GridPoint])
         check_probe(probe, task=spec.name, version=spec.version, length=p.length,
                     depth=p.depth, load=p.load, seed=p.seed, tokenizer=tokenizer, where=where,
                     error=GeneratorError)
-        first = seen.setdefault(probe.hash, p)
-        if first is not p:
+        j = seen.setdefault(probe.hash, i)
+        if j != i:
+            first = points[j]
             # A generator ignoring its seed or grid: the samples would be indistinguishable
             # and publish would refuse the run.
             raise GeneratorError(
