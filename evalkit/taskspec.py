@@ -163,6 +163,9 @@ def _import_generator(ref: str, path: Path, include: Sequence[Path]) -> tuple[Ca
         except ModuleNotFoundError as e:
             raise SpecError(f"{path}: key 'generator': module {mod_name!r} not found "
                             f"(include path: {[str(p) for p in include] or 'none'}; {e})") from e
+        except Exception as e:  # the user's module fails as it is imported
+            raise SpecError(f"{path}: key 'generator': importing {mod_name!r} "
+                            f"({file or 'installed module'}) failed: {type(e).__name__}: {e}") from e
     finally:
         for p in added:
             sys.path.remove(p)
@@ -235,23 +238,42 @@ class GridPoint:
     seed: int
 
 
+# Every grid size a user can set is bounded: beyond these a typo, not an experiment.
+MAX_LENGTH = 1 << 21       # tokens per probe (2M)
+MAX_LOAD = 1 << 16         # facts per probe
+MAX_SAMPLES = 100_000      # probes per grid cell
+MAX_POINTS = 1_000_000     # probes per task
+
+
 def grid(spec: TaskSpec, *, lengths: Sequence[int] | None = None,
          depths: Sequence[float] | None = None, loads: Sequence[int] | None = None,
          samples: int | None = None, seed: int = 0) -> list[GridPoint]:
+    """The task's grid points (None: the spec's default); an empty list or a size out of
+    bounds is an error naming the field, never replaced by the default."""
     d = spec.defaults
-    lengths = tuple(lengths or d.lengths)
+    lengths = tuple(d.lengths if lengths is None else lengths)
     depths = tuple(d.depths if depths is None else depths)
-    loads = tuple(loads or d.loads)
-    samples = samples or d.samples
+    loads = tuple(d.loads if loads is None else loads)
+    samples = d.samples if samples is None else samples
+    for name, values in (("lengths", lengths), ("depths", depths), ("loads", loads)):
+        if not values:
+            raise SpecError(f"{name}: empty; expected at least one value")
     for x in depths:
-        if not 0.0 <= x <= 1.0:
+        if not 0.0 <= x <= 1.0:  # NaN fails too
             raise SpecError(f"depth={x} outside [0, 1]")
     for x in lengths:
-        if x <= 0:
-            raise SpecError(f"length={x} must be a positive number of tokens")
+        if not 0 < x <= MAX_LENGTH:
+            raise SpecError(f"length={x} must be a positive number of tokens up to {MAX_LENGTH:,}")
     for x in loads:
-        if x <= 0:
-            raise SpecError(f"load={x} must be a positive number of facts")
+        if not 0 < x <= MAX_LOAD:
+            raise SpecError(f"load={x} must be a positive number of facts up to {MAX_LOAD:,}")
+    if not 0 < samples <= MAX_SAMPLES:
+        raise SpecError(f"samples={samples} must be a positive number up to {MAX_SAMPLES:,}")
+    total = len(lengths) * len(depths) * len(loads) * samples
+    if total > MAX_POINTS:
+        raise SpecError(f"the grid holds {total:,} probes ({len(lengths)} lengths x {len(depths)} "
+                        f"depths x {len(loads)} loads x {samples} samples); at most "
+                        f"{MAX_POINTS:,} per task")
     return [GridPoint(L, float(dp), n, i, probe_seed(spec, seed, L, dp, n, i))
             for L in lengths for dp in depths for n in loads for i in range(samples)]
 
@@ -304,17 +326,47 @@ def _time_limit(seconds: float, what: str) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, *old_timer)
 
 
+def _generator_file(spec: TaskSpec) -> str:
+    code = getattr(spec.generator, "__code__", None)
+    return code.co_filename if code is not None else "?"
+
+
+class GeneratorError(SpecError):
+    """A generator raised, or returned something that is not a faithful probe."""
+
+
 def generate_probes(spec: TaskSpec, tokenizer: Any, points: Sequence[GridPoint]) -> Iterator[Probe]:
+    """The probes of `points`, each checked (evalkit.probe_checks) as it is made, and no two
+    alike: every command that generates probes refuses the same faulty ones."""
+    from evalkit.probe_checks import check_probe
+
     limit = generator_timeout()
-    for p in points:
-        what = (f"task {spec.name!r} ({spec.source}): generator {spec.generator_ref} at "
-                f"length={p.length}, depth={p.depth}, load={p.load}")
-        with _time_limit(limit, what):
-            probe = spec.generator(spec.params, task=spec.name, version=spec.version,
-                                   tokenizer=tokenizer, length=p.length, depth=p.depth,
-                                   load=p.load, seed=p.seed)
-        if isinstance(probe, Probe) and (probe.task, probe.task_version) != (spec.name, spec.version):
-            raise SpecError(f"{what}: returned a probe of task {probe.task!r} version "
-                            f"{probe.task_version!r}; expected task {spec.name!r} version "
-                            f"{spec.version!r} (pass the `task` and `version` it is given)")
+    seen: dict[str, int] = {}
+    for i, p in enumerate(points):
+        where = (f"task {spec.name!r} ({spec.source}): generator {spec.generator_ref} "
+                 f"({_generator_file(spec)}) at length={p.length}, depth={p.depth}, "
+                 f"load={p.load}, sample {p.index}")
+        try:
+            with _time_limit(limit, where):
+                probe = spec.generator(spec.params, task=spec.name, version=spec.version,
+                                       tokenizer=tokenizer, length=p.length, depth=p.depth,
+                                       load=p.load, seed=p.seed)
+        except GeneratorTimeout:
+            raise
+        except Exception as e:  # the user's code: its fault is named, never a traceback
+            raise GeneratorError(f"{where}: raised {type(e).__name__}: {e}") from e
+        check_probe(probe, task=spec.name, version=spec.version, length=p.length,
+                    depth=p.depth, load=p.load, seed=p.seed, tokenizer=tokenizer, where=where,
+                    error=GeneratorError)
+        j = seen.setdefault(probe.hash, i)
+        if j != i:
+            first = points[j]
+            # A generator ignoring its seed or grid: the samples would be indistinguishable
+            # and publish would refuse the run.
+            raise GeneratorError(
+                f"task {spec.name!r} ({spec.source}): generator {spec.generator_ref} returned "
+                f"identical probes for (length={first.length}, depth={first.depth}, "
+                f"load={first.load}, sample {first.index}) and (length={p.length}, "
+                f"depth={p.depth}, load={p.load}, sample {p.index}); each grid point needs its "
+                f"own probe (use the seed it is given)")
         yield probe

@@ -113,26 +113,21 @@ def test_a_hand_edited_cache_entry_is_recomputed_not_reused(tok_dir, tmp_path, c
 
 
 _GEN = '''
+import random
 from pydantic import BaseModel
-from evalkit.probe import Probe, ProbeMeta, Question, Segment
-from evalkit.render import prompt_length
+from evalkit import probes as kit
 
 class Params(BaseModel):
     pass
 
 def generate(params, *, task, version, tokenizer, length, depth, load, seed):
     {body}
-    ctx = (Segment("The code is {code}. " + str(seed)),)
-    q = Question(text="What is the code?", answer_prefix="The code is", gold=("{code}",),
-                 after_segment=1, max_new_tokens=4)
-    meta = ProbeMeta(target_length=length, actual_length=0, tolerance=length, depth=depth,
-                     load=load, seed=seed, tokenizer_hash="t")
-    probe = Probe(id=f"{{TASK}}-{{seed}}", task=TASK, task_version=version, context=ctx,
-                  questions=(q,), meta=meta)
-    n = prompt_length(probe, tokenizer)
-    return Probe(id=probe.id, task=TASK, task_version=version, context=ctx, questions=(q,),
-                 meta=ProbeMeta(target_length=length, actual_length=n, tolerance=length,
-                                depth=depth, load=load, seed=seed, tokenizer_hash="t"))
+    ask = kit.Ask(item=0, text="What is the code?", prefix="The code is", gold=("{code}",),
+                  candidates=())
+    return kit.assemble(task=TASK, version=version, tokenizer=tokenizer, length=length,
+                        depth=depth, load=load, seed=seed, items=[kit.Item("The code is {code}.")],
+                        questions=[ask], stream=kit.start_stream(random.Random(seed), "filler"),
+                        offsets=[])
 '''
 
 
@@ -183,7 +178,7 @@ def test_a_dotted_user_module_shadowed_by_another_folder_is_an_error(tmp_path):
 
 @pytest.mark.parametrize("body, match", [
     ("TASK = 'needle'", r"task_x.*returned a probe of task 'needle'"),
-    ("TASK = task; seed = 7", r"task_x.*identical probes"),
+    ("TASK = task; seed = 7", r"task_x.*meta\.seed is 7; expected"),  # one probe for all seeds
 ])
 def test_wrong_probes_are_caught_at_generation_not_at_publish(tmp_path, tok_dir, capsys, body,
                                                               match):
@@ -214,11 +209,11 @@ def test_the_same_model_under_two_names_is_refused_before_running(tok_dir, tmp_p
 
 def test_a_length_beyond_every_models_maximum_is_refused_before_probes(tok_dir, tmp_path, capsys):
     rc = cli_main(["run", "--models", "oracle", "--model-args", f"tokenizer={tok_dir},max_length=150",
-                   "--tasks", "toy_recall", "--include", str(TOY_TASKS), "--lengths", "64,10000000",
+                   "--tasks", "toy_recall", "--include", str(TOY_TASKS), "--lengths", "64,1000000",
                    "--depths", "0.5", "--samples", "1", "--output", str(tmp_path / "r"),
                    "--no-progress"])
     err = capsys.readouterr().err
-    assert rc == 2 and "length 10000000" in err and "oracle max_length 150" in err
+    assert rc == 2 and "length 1000000" in err and "oracle max_length 150" in err
     assert not (tmp_path / "r").exists()
 
 

@@ -31,7 +31,8 @@ def slow_suite(tok_dir):
     # 24 questions at 80 ms each: killed after the 4th, with ~1.5 s of margin before the end.
     return suite_dict(tok_dir, models=({"name": "slow", "spec": "slow-oracle",
                                         "options": {"delay": 0.08}},),
-                      tasks=("toy_recall", "toy_conv"), lengths=[64, 96], depths=[0.5],
+                      tasks=("toy_recall", {"name": "toy_conv", "lengths": [256, 288]}),
+                      lengths=[96, 128], depths=[0.5],
                       loads=[4], samples=2)
 
 
@@ -88,7 +89,7 @@ def test_killed_run_resumes_to_identical_results(tok_dir, tmp_path):
 
 def test_different_models_never_share_entries(tok_dir, tmp_path):
     shared = str(tmp_path / "shared-cache")
-    base = dict(tasks=("toy_recall",), lengths=[96], depths=[0.3], loads=[4], samples=2,
+    base = dict(tasks=("toy_recall",), lengths=[256], depths=[0.3], loads=[4], samples=2,
                 cache_dir=shared)
     first = run(suite_dict(tok_dir, models=("oracle",), **base), tmp_path / "r1")
     assert (first.cached, first.computed) == (0, 6)

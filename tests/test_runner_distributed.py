@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parent.parent
 def test_two_gloo_ranks_equal_one_process(tmp_path):
     tok_dir = build_tokenizer(tmp_path / "tok")
     suite = suite_dict(tok_dir, models=("oracle", {"name": "forgetful", "options": {"capacity": 600}}),
-                       tasks=("toy_recall", "toy_conv"), lengths=[64, 96], depths=[0.5],
+                       tasks=("toy_recall", {"name": "toy_conv", "lengths": [256, 288]}),
+                       lengths=[96, 128], depths=[0.5],
                        loads=[4], samples=2)
     single = tmp_path / "single" / "run"
     run(suite, single)

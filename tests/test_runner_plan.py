@@ -69,7 +69,7 @@ def probe(pid, segments, afters, chat=False):
 @pytest.mark.parametrize("model,options", [("oracle", {}), ("forgetful", {"capacity": 48})])
 def test_shared_prefix_equals_separate_prompts(tok_dir, tok, model, options):
     adapter = load_model(model, tokenizer=str(tok_dir), **options)
-    probes = (toy_probes(tok, "toy_recall", lengths=[64, 160], loads=[4], samples=2)
+    probes = (toy_probes(tok, "toy_recall", lengths=[96, 160], loads=[4], samples=2)
               + toy_probes(tok, "toy_conv", samples=2))
     items = items_of(probes, tok)
     assert any(len(p.questions) > 1 for p in probes)
@@ -143,7 +143,7 @@ def test_conversation_streams_turn_by_turn(tok_dir, tok):
 
 def test_batch_size_never_changes_samples(tok_dir, tok):
     adapter = load_model("forgetful", tokenizer=str(tok_dir), capacity=64)
-    items = items_of(toy_probes(tok, "toy_recall", lengths=[64, 128, 200], samples=2), tok)
+    items = items_of(toy_probes(tok, "toy_recall", lengths=[96, 128, 200], samples=2), tok)
     strip = lambda d: {k: (v.prediction, v.candidate_logprobs, v.scores, v.state_bytes)
                        for k, v in d.items()}
     one = strip(run_plan(adapter, items, batch_size=1))
@@ -152,7 +152,7 @@ def test_batch_size_never_changes_samples(tok_dir, tok):
 
 
 def items_of_gla(tok):
-    return items_of(toy_probes(tok, "toy_recall", lengths=[64, 128], depths=[0.2, 0.8], samples=1), tok)
+    return items_of(toy_probes(tok, "toy_recall", lengths=[96, 128], depths=[0.2, 0.8], samples=1), tok)
 
 
 def test_padding_in_a_real_batched_adapter_never_changes_samples(tmp_path, tok_dir, tok):

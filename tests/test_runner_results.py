@@ -29,7 +29,8 @@ def tok_dir(tmp_path_factory):
 def small_run(tok_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "small"
     suite = suite_dict(tok_dir, models=("oracle", {"name": "forgetful", "options": {"capacity": 1000}}),
-                       tasks=("toy_recall", "toy_conv"), lengths=[64, 128], depths=[0.3],
+                       tasks=("toy_recall", {"name": "toy_conv", "lengths": [256, 384]}),
+                       lengths=[96, 128], depths=[0.3],
                        loads=[2, 4], samples=2, threads=1)
     import torch
 
@@ -102,7 +103,7 @@ def test_aggregates_match_a_hand_computation(small_run):
 def test_one_failing_sample_is_recorded_and_the_run_goes_on(tok_dir, tmp_path, capsys):
     cfg = suite_dict(tok_dir, models=({"name": "broken", "spec": "broken-oracle",
                                        "options": {"fail_generate": [3]}},),
-                     tasks=("toy_recall",), lengths=[64], depths=[0.5], loads=[4], samples=2)
+                     tasks=("toy_recall",), lengths=[96], depths=[0.5], loads=[4], samples=2)
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(cfg))
     rc = cli_main(["run", "--config", str(tmp_path / "suite.yaml"), "--output", str(tmp_path / "r"),
                    "--no-progress"])
@@ -155,7 +156,7 @@ def test_over_length_prompts_are_flagged_not_cut(tok_dir, tmp_path):
 
 def test_cli_flags_run_end_to_end(tok_dir, tmp_path, capsys):
     rc = cli_main(["run", "--models", "oracle", "--model-args", f"tokenizer={tok_dir}",
-                   "--tasks", "toy_*", "--include", str(TOY_TASKS), "--lengths", "64",
+                   "--tasks", "toy_*", "--include", str(TOY_TASKS), "--lengths", "256",
                    "--depths", "0.5", "--loads", "2", "--samples", "1", "--limit", "1",
                    "--output", str(tmp_path / "r"), "--log-samples", "--no-progress"])
     assert rc == 0

@@ -120,19 +120,9 @@ class _Session:
         """The task's probes for this tokenizer (lengths are in its tokens), made once."""
         key = (task.name, tokenizer_hash(tokenizer))
         if key not in self._probe_memo:
-            probes = []
-            for p in task.points:
-                try:
-                    probes += generate_probes(task.spec, tokenizer, [p])
-                except Exception as e:
-                    where = (f"task {task.name!r}: cannot generate the probe at length={p.length}, "
-                             f"depth={p.depth}, load={p.load}, sample {p.index}: {e}")
-                    # A ValueError is a grid the task cannot make (e.g. too many facts for the
-                    # length): a config problem. Anything else is a bug in the task.
-                    kind = SuiteError if isinstance(e, ValueError) else RuntimeError
-                    raise kind(where) from e
-            check_distinct_probes(task, probes)
-            self._probe_memo[key] = probes
+            # generate_probes checks every probe and that no two are alike; its errors name
+            # the task, the generator and the grid point.
+            self._probe_memo[key] = list(generate_probes(task.spec, tokenizer, task.points))
         return self._probe_memo[key]
 
     # -- one model x task -------------------------------------------------------------------
@@ -201,22 +191,6 @@ class _Session:
         finally:
             if bar is not None:
                 bar.close()
-
-
-def check_distinct_probes(task: ResolvedTask, probes: list[Probe]) -> None:
-    """Two grid points must not make the same probe (a generator ignoring its seed or grid):
-    their samples would be indistinguishable and publish would refuse the run."""
-    seen: dict[str, int] = {}
-    for i, probe in enumerate(probes):
-        j = seen.setdefault(probe.hash, i)
-        if j != i:
-            a, b = task.points[j], task.points[i]
-            raise SuiteError(
-                f"task {task.name!r} ({task.spec.source}): generator {task.spec.generator_ref} "
-                f"returned identical probes for (length={a.length}, depth={a.depth}, "
-                f"load={a.load}, sample {a.index}) and (length={b.length}, depth={b.depth}, "
-                f"load={b.load}, sample {b.index}); each grid point needs its own probe "
-                f"(use the seed it is given)")
 
 
 def check_distinct_models(resolved: ResolvedSuite) -> None:

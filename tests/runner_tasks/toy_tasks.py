@@ -11,6 +11,7 @@ import random
 from pydantic import BaseModel, ConfigDict, Field
 
 from evalkit.probe import Probe, ProbeMeta, Question, Segment
+from evalkit.probes import tolerance
 from evalkit.render import prompt_length
 from evalkit.tokenization import tokenizer_hash
 
@@ -46,14 +47,14 @@ def _question(rng: random.Random, k: str, v: str, others: list[str], after: int,
                     max_new_tokens=8)
 
 
-def generate(params: Params, *, task, version, tokenizer, length, depth, load, seed) -> Probe:
-    rng = random.Random(seed)
-    facts = _facts(rng, load)
+def _build(params: Params, task, version, tokenizer, length, depth, load, seed, facts,
+           filler_words, asked_rng_state, n_words: int, pad: int = 0) -> Probe:
+    rng = random.Random()
+    rng.setstate(asked_rng_state)  # the same distractors whatever the filler length
     values = [v for _, v in facts]
     fact_lines = [f"The code for {k} is {v}" for k, v in facts]
-    # ~10 tokens per line in any small tokenizer; the exact length is measured below.
-    n_filler = max(1, length // 10 - len(fact_lines))
-    filler = [rng.choice(FILLER) for _ in range(n_filler)]
+    words = filler_words[:n_words] + (["7" * pad] if pad else [])  # digits: one token each
+    filler = [" ".join(words[i:i + 7]) for i in range(0, len(words), 7)]
     at = round(depth * len(filler))
     lines = filler[:at] + fact_lines + filler[at:]
     asked = facts[: params.questions]
@@ -62,7 +63,9 @@ def generate(params: Params, *, task, version, tokenizer, length, depth, load, s
         questions = tuple(_question(rng, k, v, values, 1, depth) for k, v in asked)
         chat = False
     else:
-        per = max(1, len(lines) // params.turns)
+        # Turn boundaries depend on the longest filler, not this one, so one more filler
+        # word lengthens the prompt by a word and never reflows the turns.
+        per = max(1, (len(facts) + (len(filler_words) + 6) // 7) // params.turns)
         chunks = [lines[i * per:(i + 1) * per] for i in range(params.turns - 1)]
         chunks.append(lines[(params.turns - 1) * per:])
         context = []
@@ -79,13 +82,37 @@ def generate(params: Params, *, task, version, tokenizer, length, depth, load, s
                       max(n * (j + 1) // len(asked), said[f"The code for {k} is {v}"]), depth)
             for j, (k, v) in enumerate(asked))
         chat = True
-    meta = ProbeMeta(target_length=length, actual_length=0, tolerance=length, depth=depth,
-                     load=load, seed=seed, tokenizer_hash=tokenizer_hash(tokenizer))
+    meta = dict(target_length=length, tolerance=tolerance(length), depth=depth, load=load,
+                seed=seed, tokenizer_hash=tokenizer_hash(tokenizer))
     probe = Probe(id=f"{task}-{seed:010d}", task=task, task_version=version, context=context,
-                  questions=questions, meta=meta, chat=chat)
-    actual = prompt_length(probe, tokenizer)
+                  questions=questions, meta=ProbeMeta(actual_length=0, **meta), chat=chat)
     return Probe(id=probe.id, task=task, task_version=version, context=context,
                  questions=questions, chat=chat,
-                 meta=ProbeMeta(target_length=length, actual_length=actual, tolerance=length,
-                                depth=depth, load=load, seed=seed,
-                                tokenizer_hash=meta.tokenizer_hash))
+                 meta=ProbeMeta(actual_length=prompt_length(probe, tokenizer), **meta))
+
+
+def generate(params: Params, *, task, version, tokenizer, length, depth, load, seed) -> Probe:
+    """Facts among filler lines; the number of filler words is searched so that the prompt
+    is `length` tokens (within evalkit.probes.tolerance), like any probe."""
+    rng = random.Random(seed)
+    facts = _facts(rng, load)
+    words = " ".join(rng.choice(FILLER) for _ in range(length // 4 + 2)).split()
+    state = rng.getstate()
+    build = lambda n: _build(params, task, version, tokenizer, length, depth, load, seed, facts,
+                             words, state, n)
+    lo, hi = 0, len(words)  # the largest word count whose prompt is not too long
+    if build(0).meta.actual_length > length + tolerance(length):
+        raise ValueError(f"length={length} is too short for {load} facts")
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if build(mid).meta.actual_length <= length:
+            lo = mid
+        else:
+            hi = mid - 1
+    # One more word may add several tokens: single digits close the remaining gap.
+    best = min((_build(params, task, version, tokenizer, length, depth, load, seed, facts, words,
+                       state, lo, pad) for pad in range(8)),
+               key=lambda p: abs(p.meta.actual_length - length))
+    if abs(best.meta.actual_length - length) > tolerance(length):
+        raise ValueError(f"length={length}: the toy filler cannot fit it")
+    return best
