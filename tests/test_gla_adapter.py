@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from evalkit.adapter import ModelAdapter
-from evalkit.model_adapters.gla import GLAConfig, GLAForCausalLM, save_checkpoint
+from evalkit.model_adapters.gla import GLAConfig
 from evalkit.model_adapters.gla.buckets import counting_backend
 from evalkit.models import ModelOptionError, load_model
+
+from helpers import save_peaked_gla
 
 TEXT = ["the cat sat on the mat and the dog sat on the log",
         "a fact: the capital of Portugal is Lisbon, the capital of Spain is Madrid",
@@ -38,13 +40,7 @@ def ckpt(tmp_path_factory):
     cfg = GLAConfig(vocab_size=len(tok), hidden_size=64, num_heads=2, num_hidden_layers=2,
                     use_short_conv=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     cfg.extra["evalkit_max_length"] = 512
-    m = GLAForCausalLM(cfg).init_weights(0)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if "norm" not in name:
-                p.mul_(10)  # peaked distributions: greedy decoding is not a tie-break lottery
-    save_checkpoint(m, cfg, folder)
-    return folder
+    return save_peaked_gla(cfg, folder, 10)
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")  # no TPU or Neuron here: XLA's CPU 
 pytest.importorskip("torch_xla")
 pytestmark = pytest.mark.xla
 
-from evalkit.model_adapters.gla import GLAConfig, GLAForCausalLM, save_checkpoint, xla  # noqa: E402
+from evalkit.model_adapters.gla import GLAConfig, GLAForCausalLM, xla  # noqa: E402
 from evalkit.model_adapters.gla.buckets import BucketedRunner, BucketSpec  # noqa: E402
 from evalkit.models import load_model  # noqa: E402
 
-from helpers import TINY_TOKENIZER  # noqa: E402
+from helpers import TINY_TOKENIZER, save_peaked_gla  # noqa: E402
 
 # fp32 on both sides; XLA's chunked operator takes the log-space path (eager CPU the one-matmul
 # fast path) and fuses differently, so the sums round differently: measured max |delta| about
@@ -36,13 +36,7 @@ def random_ckpt(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gla-gqa-conv")
     cfg = GLAConfig(vocab_size=2048, hidden_size=64, num_heads=4, num_kv_heads=2, num_hidden_layers=2,
                     use_short_conv=True, conv_size=4)
-    m = GLAForCausalLM(cfg).init_weights(0)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if "norm" not in name:
-                p.mul_(8)  # peaked distributions: greedy decoding is not a tie-break lottery
-    save_checkpoint(m, cfg, folder)
-    return folder
+    return save_peaked_gla(cfg, folder, 8)
 
 
 MODELS = {  # name -> (options for both adapters, bucket options for the xla one)
