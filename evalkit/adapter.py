@@ -74,6 +74,18 @@ def cut_at_stop(text: str, stop: Sequence[str] | None) -> tuple[str, bool]:
     return text[: min(hits)], True
 
 
+def greedy_token(logits: Any) -> int:
+    """The argmax token id of [V] logits, refusing non-finite logits: argmax would otherwise
+    turn a NaN model into a confident answer. One scalar leaves the device either way."""
+    import torch
+
+    tok = int(torch.where(torch.isfinite(logits).all(), logits.argmax(), -1))
+    if tok < 0:
+        raise ValueError("the model produced non-finite logits while generating (NaN or inf in "
+                         "its weights, config or activations)")
+    return tok
+
+
 def greedy_generate(first: int | None, step: Callable[[int], int | None], *,
                     decode: Callable[[list[int]], str], eos: Collection[int],
                     max_new_tokens: int, stop: Sequence[str] | None = None) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from evalkit.adapter import greedy_generate
+from evalkit.adapter import greedy_generate, greedy_token
 from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
 from evalkit.model_adapters.gla import xla
 from evalkit.model_adapters.gla.buckets import BucketedRunner, BucketSpec
@@ -155,10 +155,10 @@ class GLAAdapter:
 
         def step(tok: int) -> int:
             logits, current[0] = self._step(tok, current[0])
-            return int(logits.argmax())
+            return greedy_token(logits)
 
         eos = self.tokenizer.eos_token_id
-        return greedy_generate(int(state.last_logits.argmax()), step, decode=self.tokenizer.decode,
+        return greedy_generate(greedy_token(state.last_logits), step, decode=self.tokenizer.decode,
                                eos=() if eos is None else (eos,), max_new_tokens=max_new_tokens,
                                stop=stop)
 

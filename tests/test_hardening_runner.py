@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from evalkit.cli import main as cli_main
 from evalkit.runner import rundir
@@ -75,7 +76,9 @@ def test_non_finite_logprobs_fail_the_sample_and_no_file_holds_nan(tmp_path, cap
                    "--threads", "1"])
     assert rc == 1  # a failed sample, not a silent zero
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    assert samples and all("non-finite log-probabilities" in s["error"] for s in samples)
+    # generation meets the NaN first; scoring would too ("non-finite log-probabilities")
+    assert samples and all(re.search(r"non-finite (logits|log-probabilities)", s["error"])
+                           for s in samples)
     for f in out.rglob("*"):
         if f.is_file() and f.suffix in (".json", ".jsonl") or f.name == "DONE":
             text = f.read_text()
@@ -374,3 +377,22 @@ def test_a_second_resume_on_a_locked_run_folder_is_refused_naming_the_pid(tok_di
         first.wait(timeout=300)
     assert first.returncode == 0, first.stderr
     assert (out / "DONE").exists()
+
+
+def test_non_finite_logits_fail_generation_too(tmp_path):
+    """Generation alone (no candidates to score) must not turn a NaN model into an answer."""
+    from evalkit.adapter import greedy_token
+    from evalkit.models import load_model
+
+    assert greedy_token(torch.tensor([0.0, 3.0, 1.0])) == 1
+    with pytest.raises(ValueError, match="non-finite logits"):
+        greedy_token(torch.tensor([0.0, math.nan, 1.0]))
+    ckpt = tmp_path / "gla-nan"
+    shutil.copytree(REPO / "model_adapters" / "tiny" / "recall-gla-tiny", ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["norm_eps"] = float("nan")
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    model = load_model(f"gla:{ckpt}")
+    state = model.prefill(model.tokenizer("The code is 1234. The code is").input_ids)
+    with pytest.raises(ValueError, match="non-finite logits"):
+        model.generate(state, 4)

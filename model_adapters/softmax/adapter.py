@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
-from evalkit.adapter import greedy_generate
+from evalkit.adapter import greedy_generate, greedy_token
 from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
 from evalkit.model_adapters.softmax import kv_cache
 from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
@@ -263,9 +263,9 @@ class SoftmaxAdapter:
                 scratch["cache"] = self._scratch(state)
             logits = self._forward(scratch["cache"], scratch["length"], [[tok]], all_logits=False)[0]
             scratch["length"] += 1
-            return int(torch.argmax(logits))
+            return greedy_token(logits)
 
-        return greedy_generate(int(torch.argmax(state.logits)), step, decode=self._decode,
+        return greedy_generate(greedy_token(state.logits), step, decode=self._decode,
                                eos=self._eos, max_new_tokens=max_new_tokens, stop=stop)
 
     def _decode(self, ids: list[int]) -> str:
