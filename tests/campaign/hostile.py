@@ -352,7 +352,8 @@ def cases() -> list[Case]:
     # generate -----------------------------------------------------------------------------
     g = lambda t, *extra: evalkit("generate", "needle", "--tokenizer", TOK, "--lengths", "256", "--samples", "1", *extra)
     add(Case("generate: --out is a folder", lambda t: g(t, "--out", (t / "d").mkdir() or t / "d"), ("d",)))
-    add(Case("generate: --out under a missing folder", lambda t: g(t, "--out", t / "no" / "p.jsonl"), ("no",)))
+    add(Case("generate: --out under a missing folder (made)", lambda t: g(t, "--out", t / "no" / "p.jsonl"), expect="ok",
+             check=lambda t, p: None if (t / "no" / "p.jsonl").is_file() else "not written"))
     add(Case("generate: --out under a file", lambda t: g(t, "--out", write(t / "f", "x") / "p.jsonl"), ("f",)))
     for flag, val, word in (("--samples", "0", "samples"), ("--samples", "1000000000", "samples"),
                             ("--lengths", "99999999", "length"), ("--loads", "10000000", "load"),
@@ -364,7 +365,8 @@ def cases() -> list[Case]:
     add(Case("generate: --tokenizer missing", lambda t: evalkit("generate", "needle", "--tokenizer", t / "nope", "--out", t / "p.jsonl"), ("nope",)))
     add(Case("generate: corrupt tokenizer.json", lambda t: evalkit("generate", "needle", "--tokenizer", write(t / "tk" / "tokenizer.json", "{not json").parent, "--out", t / "p.jsonl"), ("tokenizer.json",)))
     add(Case("generate: too many facts for length", lambda t: g(t, "--loads", "500", "--out", t / "p.jsonl"), ("load",)))
-    add(Case("generate: --dataset into a folder with user files", lambda t: (write(t / "ds" / "mine.txt", "keep"), g(t, "--out", t / "p.jsonl", "--dataset", t / "ds"))[1], ("ds",)))
+    add(Case("generate: --dataset into a folder with user files (kept)", lambda t: (write(t / "ds" / "mine.txt", "keep"), g(t, "--out", t / "p.jsonl", "--dataset", t / "ds"))[1],
+             expect="ok", check=lambda t, p: None if (t / "ds" / "mine.txt").read_text() == "keep" else "user file lost"))
     add(Case("generate: --parquet is a folder", lambda t: g(t, "--out", t / "p.jsonl", "--parquet", (t / "pq").mkdir() or t / "pq"), ("pq",)))
     add(Case("generate: existing --out is replaced (ok)", lambda t: (write(t / "p.jsonl", "old\n"), g(t, "--out", t / "p.jsonl"))[1], expect="ok",
              check=lambda t, p: None if (t / "p.jsonl").read_text().startswith("{") else "not written"))
@@ -454,7 +456,7 @@ def cases() -> list[Case]:
                               ("garbage safetensors", lambda c: next(c.rglob("*.safetensors")).write_bytes(os.urandom(5000)), "safetensors"),
                               ("garbled config.json", garble("config.json"), "config.json"),
                               ("truncated config.json", truncate("config.json", 20), "config.json"),
-                              ("config norm_eps NaN", lambda c: next(c.rglob("config.json")).write_text(json.dumps({**json.loads(next(c.rglob("config.json")).read_text()), "norm_eps": float("nan")})), "norm_eps"),
+                              ("config norm_eps NaN", lambda c: next(c.rglob("config.json")).write_text(json.dumps({**json.loads(next(c.rglob("config.json")).read_text()), "norm_eps": float("nan")})), "samples failed"),  # documented: the sample fails with its error
                               ("config trained_length abc", lambda c: next(c.rglob("config.json")).write_text(json.dumps({**json.loads(next(c.rglob("config.json")).read_text()), "trained_length": "abc"})), "trained_length"),
                               ("missing safetensors", remove("*.safetensors"), "safetensors"),
                               ("missing config.json", remove("config.json"), "config.json"),
@@ -505,20 +507,23 @@ def cases() -> list[Case]:
     add(Case("publish: --gap bad format", lambda t: pub(t, "--gap", "oracle"), ("gap",)))
     add(Case("publish: --gap unknown model", lambda t: pub(t, "--gap", "oracle:nobody"), ("nobody",)))
     add(Case("publish: empty folder of runs", lambda t: evalkit("publish", (t / "runs").mkdir() or t / "runs", "--to", t / "lb"), ("runs",)))
-    add(Case("publish: --to existing with user files (ok, kept)", lambda t: (write(t / "lb" / "NOTES.md", "mine"), write(t / "lb" / "extra" / "a.txt", "mine"), pub(t, "--bootstrap", "200"))[2],
-             expect="ok", check=lambda t, p: None if (t / "lb" / "NOTES.md").exists() and (t / "lb" / "extra" / "a.txt").exists() else "user files removed"))
+    add(Case("publish: --to a non-leaderboard folder with user files", lambda t: (write(t / "lb" / "NOTES.md", "mine"), write(t / "lb" / "extra" / "a.txt", "mine"), pub(t, "--bootstrap", "200"))[2],
+             ("lb",)))  # refused, and the data-loss snapshot checks both files
+    add(Case("publish: republish keeps user files in a leaderboard (ok)", lambda t: (sh(pub(t, "--bootstrap", "200"), t, 120), write(t / "lb" / "NOTES.md", "mine"),
+                                                                                   evalkit("publish", t / "run", "--to", t / "lb", "--bootstrap", "200"))[2],
+             expect="ok", check=lambda t, p: None if (t / "lb" / "NOTES.md").read_text() == "mine" else "NOTES.md lost"))
     add(Case("publish: two runs (ok)", lambda t: evalkit("publish", copy_run(t), copy_run(t, "forgetful", "run2"), "--to", t / "lb", "--bootstrap", "200"), expect="ok"))
     add(Case("publish: two publishes at once", [], scenario=concurrent(two_publishes, verify_published)))
 
     # compare -------------------------------------------------------------------------------
-    cmp_ = lambda t, *a: evalkit("compare", copy_run(t), copy_run(t, "forgetful", "run2"), "--out", t / "cmp", *a)
+    cmp_ = lambda t, *a: evalkit("compare", copy_run(t), copy_run(t, "oracle", "run2"), "--out", t / "cmp", *a)
     add(Case("compare: missing run", lambda t: evalkit("compare", t / "a", t / "b", "--out", t / "cmp"), ("a",)))
     add(Case("compare: --out is a file", lambda t: evalkit("compare", copy_run(t), copy_run(t, "forgetful", "run2"), "--out", write(t / "f", "x")), ("f",)))
     add(Case("compare: --bootstrap 10**9", lambda t: cmp_(t, "--bootstrap", "1000000000"), ("bootstrap",)))
     add(Case("compare: --metric bogus", lambda t: cmp_(t, "--metric", "bogus"), ("bogus",)))
     add(Case("compare: run B without DONE", lambda t: (lambda a, b: ((b / "DONE").unlink(), evalkit("compare", a, b, "--out", t / "cmp"))[1])(copy_run(t), copy_run(t, "forgetful", "run2")), ("DONE",)))
     add(Case("compare: run B results garbage", lambda t: (lambda a, b: ((b / "results.json").write_text("{x"), evalkit("compare", a, b, "--out", t / "cmp"))[1])(copy_run(t), copy_run(t, "forgetful", "run2")), ("results.json",)))
-    add(Case("compare: two models (ok)", lambda t: cmp_(t, "--bootstrap", "200"), expect="ok"))
+    add(Case("compare: two runs of one model (ok)", lambda t: cmp_(t, "--bootstrap", "200"), expect="ok"))
     add(Case("compare: --out existing with user file (kept)", lambda t: (write(t / "cmp" / "mine.txt", "keep"), cmp_(t, "--bootstrap", "200"))[1],
              expect="ok", check=lambda t, p: None if (t / "cmp" / "mine.txt").exists() else "user file removed"))
 
@@ -527,7 +532,7 @@ def cases() -> list[Case]:
     add(Case("train-tiny: --config missing", evalkit("train-tiny", "--config", "nope.yaml", "--out", "o"), ("nope.yaml",), timeout=60))
     add(Case("train-tiny: --config unknown key", lambda t: evalkit("train-tiny", "--config", write(t / "c.yaml", "colour: red\n"), "--out", t / "o"), ("c.yaml", "colour"), timeout=60))
     add(Case("train-tiny: --config alias bomb", lambda t: evalkit("train-tiny", "--config", write(t / "c.yaml", "a: &a [1,1,1,1]\nb: [*a,*a,*a,*a]\n"), "--out", t / "o"), ("c.yaml",), timeout=60))
-    add(Case("train-tiny: --tokenizer missing", lambda t: evalkit("train-tiny", "--tokenizer", t / "nope", "--out", t / "o"), ("nope",), timeout=60))
+    add(Case("train-tiny: --tokenizer missing", lambda t: evalkit("train-tiny", "--config", REPO / "configs" / "train_tiny.yaml", "--tokenizer", t / "nope", "--out", t / "o"), ("nope",), timeout=60))
 
     # lm-eval-export ----------------------------------------------------------------------------
     ex = lambda t, *a: evalkit("lm-eval-export", "--tasks", "needle", "--tokenizer", TOK, "--lengths", "256", "--samples", "1", *a)
