@@ -139,26 +139,9 @@ def copy_run(tmp: Path, name: str = "oracle", as_: str = "run") -> Path:
 
 # -- user task generators (validate/run) ------------------------------------------------------
 
-GEN = '''
-import dataclasses, random
-from pydantic import BaseModel
-from evalkit import probes as kit
-from evalkit.probe import Probe, Segment
+sys.path.insert(0, str(REPO / "tests"))
+from test_hardening_validate import _GEN as GEN  # noqa: E402  (one correct generator, faults swapped in)
 
-class Params(BaseModel):
-    pass
-
-def generate(params, *, task, version, tokenizer, length, depth, load, seed):
-    ask = kit.Ask(item=0, text="What is the code?", prefix="The code is", gold=("4321",),
-                  candidates=())
-    probe = kit.assemble(task=task, version=version, tokenizer=tokenizer, length=length,
-                         depth=depth, load=load, seed=seed, items=[kit.Item("The code is 4321.")],
-                         questions=[ask], stream=kit.start_stream(random.Random(seed), "filler"),
-                         offsets=[])
-    meta, q = probe.meta, probe.questions[0]
-    {fault}
-    return probe
-'''
 R = "probe = dataclasses.replace(probe, "
 FAULTS = {
     "short probe (22 tokens for 256)": (R + "context=(Segment('The code is 4321.'),), questions=(dataclasses.replace(q, after_segment=1),), hash='')", "tokens"),
