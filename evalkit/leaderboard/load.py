@@ -6,6 +6,7 @@ Every problem is an error naming the file (and line or field) at fault.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,8 +70,8 @@ def _need(obj: dict, key: str, where: str, kind: type | tuple[type, ...]) -> Any
 
 def _read_json(path: Path) -> dict:
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+        obj = json.loads(path.read_bytes())
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a JSON object")
@@ -103,6 +104,23 @@ def read_samples(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _check_sums(path: Path) -> None:
+    """The outputs must be the bytes the run wrote (checksums in DONE; runs from before
+    checksums have none to check)."""
+    done = _read_json(path / "DONE")
+    sums = done.get("sha256") if isinstance(done, dict) else None
+    if sums is None:
+        return
+    if not isinstance(sums, dict):
+        raise ValueError(f"{path / 'DONE'}: field 'sha256' should map file names to checksums")
+    for name, want in sums.items():
+        f = path / str(name)
+        if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != want:
+            raise ValueError(f"{f}: changed since the run finished (its sha256 differs from the "
+                             f"one in DONE): corrupt or hand-edited; rebuild it with "
+                             f"`evalkit run --resume {path}`")
+
+
 def load_run(path: str | Path) -> Run:
     path = Path(path)
     if not path.is_dir():
@@ -113,6 +131,7 @@ def load_run(path: str | Path) -> Run:
     for name in ("results.json", "samples.jsonl"):
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path}: DONE is present but {name} is missing")
+    _check_sums(path)
     rpath = path / "results.json"
     res = _read_json(rpath)
     run_id = _need(res, "run_id", str(rpath), str)

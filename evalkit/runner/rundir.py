@@ -18,6 +18,7 @@ before evaluating anything is removed again, so the same --output works once the
 """
 from __future__ import annotations
 
+import hashlib
 import fcntl
 import json
 import os
@@ -195,5 +196,8 @@ def finish(path: Path, *, samples: Iterable[dict], results: dict, provenance: di
         atomic.write_jsonl(path / PROBES, probes)
     atomic.write_json(path / PROVENANCE, provenance)
     atomic.write_json(path / RESULTS, results)
+    # the outputs' checksums: a reader refuses a file changed after the run finished
+    sums = {name: hashlib.sha256((path / name).read_bytes()).hexdigest()
+            for name in (SAMPLES, RESULTS)}
     atomic.write_json(path / DONE, {"finished": provenance.get("finished"), "samples": n,
-                                    "failed": results.get("failures", 0)})
+                                    "failed": results.get("failures", 0), "sha256": sums})
