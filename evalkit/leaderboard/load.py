@@ -6,7 +6,6 @@ Every problem is an error naming the file (and line or field) at fault.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ import pandas as pd
 
 from evalkit import scoring
 from evalkit.result import SampleResult
+from evalkit.runner.rundir import check_output_sums
 
 RUN_FILES = ("results.json", "samples.jsonl", "DONE")
 _SAMPLE_FIELDS = tuple(SampleResult.__dataclass_fields__)
@@ -70,7 +70,7 @@ def _need(obj: dict, key: str, where: str, kind: type | tuple[type, ...]) -> Any
 
 def _read_json(path: Path) -> dict:
     try:
-        obj = json.loads(path.read_bytes())
+        obj = json.loads(path.read_bytes().decode("utf-8"))
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(obj, dict):
@@ -80,13 +80,13 @@ def _read_json(path: Path) -> dict:
 
 def read_samples(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
+                d = json.loads(line.decode("utf-8"))
+            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
                 raise ValueError(f"{path}:{i}: not valid JSON ({e})") from None
             if not isinstance(d, dict):
                 raise ValueError(f"{path}:{i}: expected a JSON object")
@@ -104,23 +104,6 @@ def read_samples(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _check_sums(path: Path) -> None:
-    """The outputs must be the bytes the run wrote (checksums in DONE; runs from before
-    checksums have none to check)."""
-    done = _read_json(path / "DONE")
-    sums = done.get("sha256") if isinstance(done, dict) else None
-    if sums is None:
-        return
-    if not isinstance(sums, dict):
-        raise ValueError(f"{path / 'DONE'}: field 'sha256' should map file names to checksums")
-    for name, want in sums.items():
-        f = path / str(name)
-        if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != want:
-            raise ValueError(f"{f}: changed since the run finished (its sha256 differs from the "
-                             f"one in DONE): corrupt or hand-edited; rebuild it with "
-                             f"`evalkit run --resume {path}`")
-
-
 def load_run(path: str | Path) -> Run:
     path = Path(path)
     if not path.is_dir():
@@ -131,7 +114,7 @@ def load_run(path: str | Path) -> Run:
     for name in ("results.json", "samples.jsonl"):
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path}: DONE is present but {name} is missing")
-    _check_sums(path)
+    check_output_sums(path, _read_json(path / "DONE"))
     rpath = path / "results.json"
     res = _read_json(rpath)
     run_id = _need(res, "run_id", str(rpath), str)
@@ -149,9 +132,10 @@ def load_run(path: str | Path) -> Run:
             raise ValueError(f"{where}: expected an object")
         _need(info, "version", where, str)
         _need(info, "config_hash", where, str)
-    provenance = res.get("provenance")
-    if provenance is None and (path / "provenance.json").is_file():
-        provenance = _read_json(path / "provenance.json")
+    # provenance.json duplicates results.json's copy; a garbage one is still refused, by name
+    ppath = path / "provenance.json"
+    provenance = _read_json(ppath) if ppath.is_file() else None
+    provenance = res.get("provenance", provenance)
 
     spath = path / "samples.jsonl"
     rows = read_samples(spath)
