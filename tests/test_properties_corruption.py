@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from evalkit.cli import main as cli_main
 
-from runner_support import build_tokenizer, read_samples, run, suite_dict, without_latency
+from runner_support import read_samples, small_run, without_latency
 
 PROPS = settings(max_examples=30, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -21,11 +21,7 @@ PROPS = settings(max_examples=30, deadline=None, derandomize=True,
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> tuple[Path, bytes, list[dict]]:
     root = tmp_path_factory.mktemp("corrupt")
-    tok = build_tokenizer(root / "tok")
-    out = root / "run"
-    cfg = suite_dict(tok, models=("oracle", {"name": "forgetful", "options": {"capacity": 300}}),
-                     lengths=[64, 128], depths=[0.0, 1.0], loads=[1], samples=2)
-    assert run(cfg, out).failed == 0
+    out = small_run(root)
     board = root / "board"
     assert cli_main(["publish", str(out), "--to", str(board), "--bootstrap", "100"]) == 0
     return out, (board / "results.csv").read_bytes(), without_latency(read_samples(out))

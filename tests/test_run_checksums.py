@@ -12,17 +12,12 @@ import pytest
 
 from evalkit.cli import main as cli_main
 
-from runner_support import build_tokenizer, read_samples, run, suite_dict, without_latency
+from runner_support import read_samples, small_run, without_latency
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("sums")
-    out = root / "run"
-    cfg = suite_dict(build_tokenizer(root / "tok"), lengths=[64], depths=[0.0, 1.0], loads=[1],
-                     samples=2)
-    assert run(cfg, out).failed == 0
-    return out
+    return small_run(tmp_path_factory.mktemp("sums"))
 
 
 def copy(src: Path, dst: Path) -> Path:
