@@ -105,7 +105,7 @@ def _loader_for_path(path: Path) -> str:
             f"model path {path}: expected a .gguf file or a folder with config.json; found neither")
     try:
         model_type = json.loads(cfg.read_text()).get("model_type", "")
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"{cfg}: not valid JSON ({e})") from e
     return "gla" if model_type == "gla" else "hf"
 

@@ -69,6 +69,12 @@ def _bad_tokenizer_json(folder):
     return tok
 
 
+def _non_utf8_config(folder):
+    cfg = folder / "config.json"
+    cfg.write_bytes(b"\x84" + cfg.read_bytes())
+    return cfg
+
+
 def _no_tokenizer(folder):
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         (folder / f).unlink()
@@ -87,6 +93,7 @@ def _bad_trained_length(folder):
     (_garbage, "not a complete safetensors file"),
     (_bad_index, "not valid JSON"),
     (_bad_tokenizer_json, "not valid JSON"),
+    (_non_utf8_config, "not valid JSON"),
     (_no_tokenizer, "holds no tokenizer"),
 ])
 def test_a_corrupt_checkpoint_is_one_line_naming_the_file(capsys, tmp_path, loader, which,

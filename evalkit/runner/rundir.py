@@ -70,7 +70,7 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise RunDirError(f"{path}: not valid JSON ({e})") from None
     except OSError as e:
         raise RunDirError(f"{path}: cannot read ({e.strerror})") from None

@@ -98,7 +98,9 @@ def cases() -> list[Case]:
             ("--limit -1", ["--models", "oracle", "--limit", "-1"], "limit"),
             ("--limit 1.5", ["--models", "oracle", "--limit", "1.5"], "limit"),
             ("--samples 10**9", ["--models", "oracle", "--samples", "1000000000"], "samples"),
-            ("length beyond model max", ["--models", "recall-gla-tiny", "--lengths", "1000000"], "1000000"),
+            # recall-gla-tiny is recurrent: no maximum (its trained length is only recorded)
+            ("length beyond model max", ["--models", "recall-softmax-tiny", "--lengths", "1000000"], "1000000"),
+            ("length beyond the probe limit", ["--models", "recall-gla-tiny", "--lengths", "2000000"], "1,048,576"),
             ("length 10**8", ["--models", "oracle", "--lengths", "100000000"], "length"),
             ("unknown task", ["--models", "oracle", "--tasks", "nedle"], "nedle"),
             ("unknown lm-eval task", ["--models", "oracle", "--lm-eval-tasks", "no_such_task_xyz"], "no_such_task_xyz"),
@@ -199,7 +201,9 @@ def cases() -> list[Case]:
             ("samples.jsonl one byte flipped", lambda d: (d / "samples.jsonl").write_bytes(flip_byte((d / "samples.jsonl").read_bytes())), "samples.jsonl"),
             ("samples.jsonl non-UTF-8, DONE without checksums", lambda d: (old_done(d), (d / "samples.jsonl").write_bytes(b"\xfb" + (d / "samples.jsonl").read_bytes())), "samples.jsonl:1"),
             ("DONE sha256 field garbage", lambda d: write(d / "DONE", json.dumps({**json.loads((d / "DONE").read_text()), "sha256": "x"})), "DONE"),
-            ("unknown metric in samples", lambda d: (d / "samples.jsonl").write_text((d / "samples.jsonl").read_text().replace("exact_match", "exact_matchx")), "exact_matchx")):
+            # a hand edit: the checksum in DONE names the file before any field is read
+            ("unknown metric in samples", lambda d: (d / "samples.jsonl").write_text((d / "samples.jsonl").read_text().replace("exact_match", "exact_matchx")), "samples.jsonl"),
+            ("unknown metric in samples, DONE without checksums", lambda d: (old_done(d), (d / "samples.jsonl").write_text((d / "samples.jsonl").read_text().replace("exact_match", "exact_matchx"))), "exact_matchx")):
         add(Case(f"publish: {label}", corrupt_run(edit), (word,),
                  check=lambda t, p: "wrote a leaderboard from a corrupt run" if (t / "lb").exists() and any((t / "lb").iterdir()) else None))
     pub = lambda t, *a: evalkit("publish", copy_run(t), "--to", t / "lb", *a)
