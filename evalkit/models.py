@@ -178,7 +178,8 @@ def _readable(hint: Any) -> str:
         return "one of " + ", ".join(map(repr, args))
     if args and origin in (typing.Union, types.UnionType):
         return " or ".join(map(_readable, args))
-    return _TYPE_WORDS.get(hint) or str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    return _TYPE_WORDS.get(hint) or (str(hint).replace("typing.", "").replace("<class '", "")
+                                     .replace("'>", ""))
 
 
 def load_model(spec: str, **options: Any) -> ModelAdapter:

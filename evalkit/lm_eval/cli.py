@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     parser = HarnessCLI()
     args = parser.parse_args()
+
     def command() -> None:
         supply_tokenizer(args)
         parser.execute(args)

@@ -19,8 +19,8 @@ before evaluating anything is removed again, so the same --output works once the
 """
 from __future__ import annotations
 
-import hashlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil

@@ -244,16 +244,15 @@ def import_plugins(plugins: Sequence[str], where: str) -> None:
     """Import modules that declare models (`register_model`); each at most once."""
     for ref in plugins:
         path = Path(ref)
+        is_file = ref.endswith(".py") or path.is_absolute()
+        if is_file and not path.is_file():
+            raise SuiteError(f"{where}: key 'plugins': {ref}: no such file")
         try:
-            if ref.endswith(".py") or path.is_absolute():
-                if not path.is_file():
-                    raise SuiteError(f"{where}: key 'plugins': {ref}: no such file")
+            if is_file:
                 digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
                 load_module_file("evalkit_plugin_" + digest, path)
             else:
                 importlib.import_module(ref)
-        except SuiteError:
-            raise
         except Exception as e:  # the user's plugin fails as it is imported
             if isinstance(e, ModuleNotFoundError) and e.name == ref:
                 raise SuiteError(f"{where}: key 'plugins': module {ref!r} not found") from None
