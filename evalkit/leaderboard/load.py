@@ -2,6 +2,7 @@
 
 A run counts only once its `DONE` marker exists: the runner writes it last, so a folder without
 it is still running or crashed, and publishing it would show half a grid as if it were final.
+DONE records the outputs' sha256 (evalkit.runner.rundir): a file changed since is refused.
 Every problem is an error naming the file (and line or field) at fault.
 """
 from __future__ import annotations
