@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +105,7 @@ def _loader_for_path(path: Path) -> str:
             f"model path {path}: expected a .gguf file or a folder with config.json; found neither")
     try:
         model_type = json.loads(cfg.read_text()).get("model_type", "")
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"{cfg}: not valid JSON ({e})") from e
     return "gla" if model_type == "gla" else "hf"
 
@@ -162,9 +163,23 @@ def check_options(info: ModelInfo, options: dict[str, Any]) -> None:
         try:  # strict: YAML already parsed numbers and booleans, so "12" is not an int here
             adapter.validate_python(value, strict=True)
         except ValidationError:
-            expected = str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
             raise ModelOptionError(f"model {info.name!r}: option {key}={value!r}: expected "
-                                   f"{expected}") from None
+                                   f"{_readable(hint)}") from None
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+               type(None): "none"}
+
+
+def _readable(hint: Any) -> str:
+    """An option's type in words: `int | None` -> "an integer or none"."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if args and origin in (typing.Union, types.UnionType):
+        return " or ".join(map(_readable, args))
+    return _TYPE_WORDS.get(hint) or (str(hint).replace("typing.", "").replace("<class '", "")
+                                     .replace("'>", ""))
 
 
 def load_model(spec: str, **options: Any) -> ModelAdapter:

@@ -28,6 +28,17 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping
 
 ROLES = (None, "system", "user", "assistant")
+# A recurrent model has no context window, so no model bounds the length; building a probe
+# costs time and memory in proportion to it (10M tokens: minutes and gigabytes).
+MAX_LENGTH = 1 << 20
+
+
+def check_tokens(n: int, flag: str) -> int:
+    """A token count given on the command line: 1..MAX_LENGTH, never clamped."""
+    if not 1 <= n <= MAX_LENGTH:
+        raise ValueError(f"{flag} must be between 1 and {MAX_LENGTH:,} tokens (the longest "
+                         f"probe evalkit builds), got {n:,}")
+    return n
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from evalkit.probe import Probe, canonical_json
+from evalkit.probe import MAX_LENGTH, Probe, canonical_json
 from evalkit.registry import Registry
 from evalkit.yamlfile import read_yaml
 
@@ -238,8 +238,8 @@ class GridPoint:
     seed: int
 
 
-# Every grid size a user can set is bounded: beyond these a typo, not an experiment.
-MAX_LENGTH = 1 << 21       # tokens per probe (2M)
+# Every grid size a user can set is bounded (lengths by evalkit.probe.MAX_LENGTH): beyond
+# these a typo, not an experiment.
 MAX_LOAD = 1 << 16         # facts per probe
 MAX_SAMPLES = 100_000      # probes per grid cell
 MAX_POINTS = 1_000_000     # probes per task

@@ -10,6 +10,8 @@ from typing import Any
 # files one of which a tokenizer folder holds (fast, sentencepiece, BPE and WordPiece formats)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json",
                    "vocab.txt", "tokenizer_config.json")
+# the JSON files of a tokenizer folder that transformers reads (config.json: the model type)
+JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json")
 
 
 def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False) -> Any:
@@ -25,7 +27,8 @@ def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False) 
     if p.is_dir() and not any((p / f).is_file() for f in TOKENIZER_FILES):
         raise FileNotFoundError(f"tokenizer folder {str(p)!r} holds no tokenizer (expected one of "
                                 f"{', '.join(TOKENIZER_FILES)})")
-    _check_json(p if p.is_file() else p / "tokenizer.json")
+    for f in [p] if p.is_file() else [p / n for n in JSON_FILES]:
+        _check_json(f)
     try:
         if p.is_file():
             return PreTrainedTokenizerFast(tokenizer_file=str(p))
@@ -43,13 +46,12 @@ def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False) 
 
 
 def _check_json(path: Path) -> None:
-    """A corrupt tokenizer.json is named here: the libraries below report only the JSON error."""
+    """A corrupt JSON file is named here: the libraries below report only the JSON error."""
     if path.is_file():
         try:
             json.loads(path.read_bytes())
         except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-            raise ValueError(f"{path}: not valid JSON ({e}); expected a tokenizers "
-                             f"tokenizer.json") from None
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
 def _blank_config_if_foreign(folder: Path) -> dict[str, Any]:

@@ -61,6 +61,16 @@ def run(suite: dict, output: Path, *, resume: bool = False):
     return run_suite(resolved, output=output, resume=resume, progress=False)
 
 
+def small_run(root: Path) -> Path:
+    """A finished run in root/run: oracle and forgetful on the toy task, lengths 64 and 128,
+    depths 0 and 1, 2 samples each."""
+    models = ("oracle", {"name": "forgetful", "options": {"capacity": 300}})
+    cfg = suite_dict(build_tokenizer(root / "tok"), models=models, lengths=[64, 128],
+                     depths=[0.0, 1.0], loads=[1], samples=2)
+    assert run(cfg, root / "run").failed == 0
+    return root / "run"
+
+
 def read_samples(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
 

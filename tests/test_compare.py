@@ -19,6 +19,8 @@ import pytest
 from evalkit.bootstrap import seed_for
 from evalkit.compare import JSON_NAME, MD_NAME, compare_runs, read_report, write_report
 
+from helpers import restamp
+
 GRID = [{"name": "needle", "lengths": [512], "depths": [0.2, 0.8], "samples": 2},
         {"name": "multikey", "lengths": [512], "loads": [4], "depths": [0.5], "samples": 2}]
 NEEDLE = [{"name": "needle", "lengths": [256], "depths": [0.5], "samples": 2}]
@@ -61,7 +63,7 @@ def copy_run(src: Path, dst: Path, edit) -> Path:
     res = json.loads((dst / "results.json").read_text())
     res["run_id"] = dst.name
     (dst / "results.json").write_text(json.dumps(res))
-    return dst
+    return restamp(dst)
 
 
 def hand_stats(a_run: Path, b_run: Path, model: str, n_boot: int = 2000, seed: int = 0):

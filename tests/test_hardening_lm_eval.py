@@ -61,3 +61,18 @@ def test_niah_with_only_the_model_name(tmp_path, route):
     res = json.loads(results.read_text())
     assert res["results"]["niah_single_1"]["1024,none"] in (0, 1)
     assert res["n-samples"]["niah_single_1"]["effective"] == 1
+
+
+
+@pytest.mark.parametrize("model_args,tasks,expected", [
+    ("name=no-such-model", "niah_single_1", "unknown model 'no-such-model'"),
+    ("name=oracle", "no_such_task_xyz", "Tasks not found: no_such_task_xyz"),
+    ("name=forgetful,capacity=abc", "niah_single_1",
+     "model 'forgetful': option capacity='abc': expected an integer or none")])
+def test_bad_input_to_the_wrapper_is_one_line_exit_2(tmp_path, model_args, tasks, expected):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = _command("wrapper", tmp_path, ["run", "--model", "evalkit", "--model_args", model_args,
+                                         "--tasks", tasks, "--limit", "1"])
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"evalkit-lm-eval: error: {expected}")

@@ -69,6 +69,12 @@ def _bad_tokenizer_json(folder):
     return tok
 
 
+def _non_utf8_config(folder):
+    cfg = folder / "config.json"
+    cfg.write_bytes(b"\x84" + cfg.read_bytes())
+    return cfg
+
+
 def _no_tokenizer(folder):
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         (folder / f).unlink()
@@ -87,6 +93,7 @@ def _bad_trained_length(folder):
     (_garbage, "not a complete safetensors file"),
     (_bad_index, "not valid JSON"),
     (_bad_tokenizer_json, "not valid JSON"),
+    (_non_utf8_config, "not valid JSON"),
     (_no_tokenizer, "holds no tokenizer"),
 ])
 def test_a_corrupt_checkpoint_is_one_line_naming_the_file(capsys, tmp_path, loader, which,
@@ -146,7 +153,8 @@ def test_an_unknown_option_names_it_and_lists_the_accepted_ones(tmp_path, name):
 
 @pytest.mark.parametrize("name", BUILTIN)
 def test_a_mistyped_option_names_it(tmp_path, name):
-    with pytest.raises(ModelOptionError, match=r"option max_length='abc': expected int \| None"):
+    with pytest.raises(ModelOptionError,
+                       match=r"option max_length='abc': expected an integer or none$"):
         load_model(_spec(name, tmp_path), max_length="abc")
 
 
@@ -154,7 +162,7 @@ def test_option_errors_through_the_cli(capsys, tmp_path):
     rc, line = run_cli(capsys, tmp_path, "recall-softmax-tiny", "colour=red")
     assert rc == 2 and "unknown option(s) colour" in line and "window" in line
     rc, line = run_cli(capsys, tmp_path, "recall-softmax-tiny", "window=abc")
-    assert rc == 2 and "option window='abc': expected int | None" in line
+    assert rc == 2 and "option window='abc': expected an integer or none" in line
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -178,3 +186,31 @@ def test_no_generation_metric_scores_an_empty_gold(metric):
             fn(prediction, [""])
     with pytest.raises(ValueError, match="empty gold"):
         scoring.score_sample("", [""])
+
+
+@pytest.mark.parametrize("source,expected", [
+    ("raise RuntimeError('boom')\n", "importing it failed: RuntimeError: boom"),
+    ("import no_such_module_xyz\n", "importing it failed: ModuleNotFoundError: No module named"),
+    ("def (:\n", "importing it failed: SyntaxError")])
+def test_a_plugin_that_fails_to_import_is_one_line_naming_it(capsys, tmp_path, source, expected):
+    plugin = tmp_path / "plug.py"
+    plugin.write_text(source)
+    for argv in (["models", "--plugins", str(plugin)],
+                 ["run", "--plugins", str(plugin), "--models", "oracle", "--tasks", "needle",
+                  "--lengths", "256", "--output", str(tmp_path / "r"), "--no-progress"]):
+        rc = main(argv)
+        err = capsys.readouterr().err
+        assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert f"{plugin}: {expected}" in err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("argv,flag", [(["models", "--tokens"], "--tokens"),
+                                       (["state", "laplace", "--context"], "--context")])
+def test_token_counts_are_bounded_by_the_probe_limit(capsys, argv, flag):
+    for bad in (str(10 ** 30), "1048577", "0"):
+        assert main([*argv, bad]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} must be between 1 and 1,048,576 tokens" in err and "Traceback" not in err
+    assert main([*argv, "1048576"]) == 0
+    assert "1048576" in capsys.readouterr().out.replace(",", "")

@@ -12,18 +12,12 @@ from pathlib import Path
 import pytest
 
 from evalkit.cli import main as cli_main
-from runner_support import build_tokenizer, run, suite_dict
+from runner_support import small_run
 
 
 @pytest.fixture(scope="module")
 def a_run(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("pubrun")
-    tok = build_tokenizer(root / "tok")
-    out = root / "run"
-    cfg = suite_dict(tok, models=("oracle", {"name": "forgetful", "options": {"capacity": 300}}),
-                     lengths=[64, 128], depths=[0.0, 1.0], loads=[1], samples=2)
-    assert run(cfg, out).failed == 0
-    return out
+    return small_run(tmp_path_factory.mktemp("pubrun"))
 
 
 def _files(folder: Path) -> dict[str, bytes]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import Callable
 
 # name -> module whose `add_parser(subparsers)` adds the command and sets `func`
 COMMANDS = {
@@ -45,16 +46,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    return guarded(f"evalkit {args.command}", lambda: args.func(args))
+
+
+def guarded(prog: str, command: Callable[[], int | None]) -> int:
+    """Run a command; bad input is one line and exit 2, a failed environment one line and
+    exit 1. Bugs (other exceptions) keep their traceback."""
     try:
-        return int(args.func(args) or 0)
+        return int(command() or 0)
     except (ValueError, FileNotFoundError, KeyError) as e:
-        # Bad input: a clear one-line error, no traceback. Bugs (other exceptions) keep theirs.
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"evalkit {args.command}: error: {msg}", file=sys.stderr)
+        print(f"{prog}: error: {msg}", file=sys.stderr)
         return 2
-    except OSError as e:  # the environment failed mid-command (disk full, I/O error): exit 1
+    except OSError as e:  # the environment failed mid-command (disk full, I/O error)
         where = f"{e.filename}: " if e.filename else ""
-        print(f"evalkit {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        print(f"{prog}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 1
 
 

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from evalkit.models import DEFAULT_TOKENS, describe_model, model_info, model_names
+from evalkit.probe import check_tokens
 from evalkit.runner.suite import import_plugins
 
 
@@ -64,9 +65,7 @@ def _table(rows: list[dict], n_tokens: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    n_tokens = args.tokens
-    if n_tokens < 1:
-        raise ValueError(f"--tokens must be >= 1, got {n_tokens}")
+    n_tokens = check_tokens(args.tokens, "--tokens")
     import_plugins(args.plugins, "--plugins")
     rows, failed = [], False
     for name in model_names():

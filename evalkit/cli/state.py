@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from evalkit.models import resolve_spec
+from evalkit.probe import check_tokens
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -50,8 +51,7 @@ def figures(spec: str, context: int, dtype: str = "bf16") -> dict:
     from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
     from evalkit.model_adapters.gla.config import GLAConfig
 
-    if context < 1:
-        raise ValueError(f"--context must be >= 1, got {context}")
+    check_tokens(context, "--context")
     cfg_path = resolve_config(spec)
     cfg = GLAConfig.from_json(cfg_path)
     dt = parse_dtype(dtype)

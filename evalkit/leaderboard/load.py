@@ -2,6 +2,7 @@
 
 A run counts only once its `DONE` marker exists: the runner writes it last, so a folder without
 it is still running or crashed, and publishing it would show half a grid as if it were final.
+DONE records the outputs' sha256 (evalkit.runner.rundir): a file changed since is refused.
 Every problem is an error naming the file (and line or field) at fault.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pandas as pd
 
 from evalkit import scoring
 from evalkit.result import SampleResult
+from evalkit.runner.rundir import check_output_sums
 
 RUN_FILES = ("results.json", "samples.jsonl", "DONE")
 _SAMPLE_FIELDS = tuple(SampleResult.__dataclass_fields__)
@@ -69,8 +71,8 @@ def _need(obj: dict, key: str, where: str, kind: type | tuple[type, ...]) -> Any
 
 def _read_json(path: Path) -> dict:
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+        obj = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a JSON object")
@@ -79,13 +81,13 @@ def _read_json(path: Path) -> dict:
 
 def read_samples(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
+                d = json.loads(line.decode("utf-8"))
+            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
                 raise ValueError(f"{path}:{i}: not valid JSON ({e})") from None
             if not isinstance(d, dict):
                 raise ValueError(f"{path}:{i}: expected a JSON object")
@@ -113,6 +115,7 @@ def load_run(path: str | Path) -> Run:
     for name in ("results.json", "samples.jsonl"):
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path}: DONE is present but {name} is missing")
+    check_output_sums(path, _read_json(path / "DONE"))
     rpath = path / "results.json"
     res = _read_json(rpath)
     run_id = _need(res, "run_id", str(rpath), str)
@@ -130,9 +133,10 @@ def load_run(path: str | Path) -> Run:
             raise ValueError(f"{where}: expected an object")
         _need(info, "version", where, str)
         _need(info, "config_hash", where, str)
-    provenance = res.get("provenance")
-    if provenance is None and (path / "provenance.json").is_file():
-        provenance = _read_json(path / "provenance.json")
+    # provenance.json duplicates results.json's copy; a garbage one is still refused, by name
+    ppath = path / "provenance.json"
+    provenance = _read_json(ppath) if ppath.is_file() else None
+    provenance = res.get("provenance", provenance)
 
     spath = path / "samples.jsonl"
     rows = read_samples(spath)

@@ -73,14 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
 
+    from evalkit.cli import guarded
+
     # lm-eval's cli_evaluate, with supply_tokenizer between parsing and running
     sys.argv = ["lm-eval", *argv]
     setup_logging()
     parser = HarnessCLI()
     args = parser.parse_args()
-    supply_tokenizer(args)
-    parser.execute(args)
-    return 0
+
+    def command() -> None:
+        supply_tokenizer(args)
+        parser.execute(args)
+
+    # an unknown model or task, a bad model option: one line and exit 2, as from `evalkit run`
+    return guarded("evalkit-lm-eval", command)
 
 
 def supply_tokenizer(args) -> None:

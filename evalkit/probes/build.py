@@ -5,7 +5,7 @@ import numbers
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from evalkit.probe import Probe, ProbeMeta, Question, Segment
+from evalkit.probe import MAX_LENGTH, Probe, ProbeMeta, Question, Segment
 from evalkit.probes.fit import Meter
 from evalkit.probes.haystack import WordStream
 from evalkit.probes.layout import Item, Layout, lay_out
@@ -35,11 +35,6 @@ def tolerance(length: int) -> int:
 
 def probe_id(task: str, length: int, depth: float, load: int, seed: int) -> str:
     return f"{task}-L{length}-d{depth:g}-n{load}-s{seed}"
-
-
-# A recurrent model has no context window, so no model bounds the length; building a probe
-# costs time and memory in proportion to it (10M tokens: minutes and gigabytes).
-MAX_LENGTH = 1 << 20
 
 
 def check_grid_point(length: Any, depth: Any, load: Any) -> None:

@@ -69,7 +69,7 @@ class SampleCache:
             return
         try:
             have = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
             raise CacheMismatch(f"cache {self.root}: unreadable manifest {MANIFEST} ({e})") from None
         diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
         if diff:
@@ -95,7 +95,7 @@ class SampleCache:
         except FileNotFoundError:
             self.misses += 1
             return None
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
             self._report(path, f"unreadable ({e})")
             return None
         if not isinstance(entry, dict) or entry.get("key") != key:

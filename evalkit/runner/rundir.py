@@ -8,7 +8,8 @@
     probes.jsonl      with --log-samples: every distinct probe, to re-render any prompt
     execution.json    per invocation: argv, world size, cache hits, wall time, interrupted?
     cache/            the content-addressed sample store (unless --cache-dir points elsewhere)
-    DONE              the completion marker, written last: a directory without it is partial
+    DONE              the completion marker, written last: a directory without it is partial;
+                      it holds the sha256 of samples.jsonl, results.json and provenance.json
     .lock             flock'ed by the process writing the folder (holds its pid)
 
 Every file is written atomically (evalkit.atomic): a reader sees the old or the new version.
@@ -19,6 +20,7 @@ before evaluating anything is removed again, so the same --output works once the
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -32,6 +34,7 @@ from evalkit import atomic
 CONFIG, PROVENANCE, SAMPLES, RESULTS = "config.json", "provenance.json", "samples.jsonl", "results.json"
 PROBES, EXECUTION, CACHE, DONE = "probes.jsonl", "execution.json", "cache", "DONE"
 LOCK = ".lock"
+SUMMED = (SAMPLES, RESULTS, PROVENANCE)  # the outputs whose sha256 DONE records
 
 
 class RunDirError(ValueError):
@@ -67,7 +70,7 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise RunDirError(f"{path}: not valid JSON ({e})") from None
     except OSError as e:
         raise RunDirError(f"{path}: cannot read ({e.strerror})") from None
@@ -196,4 +199,29 @@ def finish(path: Path, *, samples: Iterable[dict], results: dict, provenance: di
     atomic.write_json(path / PROVENANCE, provenance)
     atomic.write_json(path / RESULTS, results)
     atomic.write_json(path / DONE, {"finished": provenance.get("finished"), "samples": n,
-                                    "failed": results.get("failures", 0)})
+                                    "failed": results.get("failures", 0),
+                                    "sha256": output_sums(path)})
+
+
+def output_sums(path: Path) -> dict[str, str]:
+    """The checksums DONE records: a reader refuses a file changed after the run finished."""
+    return {name: hashlib.sha256((path / name).read_bytes()).hexdigest() for name in SUMMED}
+
+
+def check_output_sums(path: Path, done: dict) -> None:
+    """Raise, naming the file, if an output differs from the bytes the run wrote. A DONE
+    without "sha256" was written before DONE recorded checksums: there is nothing to check,
+    and refusing would strand every older finished run (rebuilding needs its models)."""
+    sums = done.get("sha256")
+    if sums is None:
+        return
+    if not isinstance(sums, dict) or not all(isinstance(sums.get(n), str) for n in SUMMED):
+        raise RunDirError(f"{path / DONE}: field 'sha256' should map {', '.join(SUMMED)} to "
+                          f"their sha256 (hex); the marker is corrupt, rebuild it with "
+                          f"`evalkit run --resume {path}`")
+    for name in SUMMED:
+        f, want = path / name, sums[name]
+        if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != want:
+            raise RunDirError(f"{f}: not the file the run wrote (gone, or its sha256 differs "
+                              f"from the one in {path / DONE}): corrupt or hand-edited; rebuild "
+                              f"it with `evalkit run --resume {path}`")

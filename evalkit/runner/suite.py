@@ -244,16 +244,20 @@ def import_plugins(plugins: Sequence[str], where: str) -> None:
     """Import modules that declare models (`register_model`); each at most once."""
     for ref in plugins:
         path = Path(ref)
-        if ref.endswith(".py") or path.is_absolute():
-            if not path.is_file():
-                raise SuiteError(f"{where}: key 'plugins': {ref}: no such file")
-            mod_name = "evalkit_plugin_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-            load_module_file(mod_name, path)
-        else:
-            try:
+        is_file = ref.endswith(".py") or path.is_absolute()
+        if is_file and not path.is_file():
+            raise SuiteError(f"{where}: key 'plugins': {ref}: no such file")
+        try:
+            if is_file:
+                digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+                load_module_file("evalkit_plugin_" + digest, path)
+            else:
                 importlib.import_module(ref)
-            except ModuleNotFoundError as e:
-                raise SuiteError(f"{where}: key 'plugins': module {ref!r} not found ({e})") from None
+        except Exception as e:  # the user's plugin fails as it is imported
+            if isinstance(e, ModuleNotFoundError) and e.name == ref:
+                raise SuiteError(f"{where}: key 'plugins': module {ref!r} not found") from None
+            raise SuiteError(f"{where}: key 'plugins': {ref}: importing it failed: "
+                             f"{type(e).__name__}: {e}") from None
 
 
 def _check_model(spec: str, where: str, i: int, name: str) -> None:

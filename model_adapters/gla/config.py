@@ -94,7 +94,7 @@ class GLAConfig:
             raise FileNotFoundError(f"GLA config {str(p)!r} not found (expected a config.json)")
         try:
             d = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
             raise ValueError(f"{p}: not valid JSON ({e})") from e
         if not isinstance(d, dict):
             raise ValueError(f"{p}: expected a JSON object")

@@ -69,6 +69,8 @@ def cases() -> list[Case]:
     # models / state -------------------------------------------------------------------------
     add(Case("models: --plugins missing", evalkit("models", "--plugins", "nope.py"), ("nope.py",)))
     add(Case("models: plugin raises", lambda t: evalkit("models", "--plugins", write(t / "p.py", "raise RuntimeError('boom')\n")), ("p.py", "boom")))
+    add(Case("models: plugin imports a missing module", lambda t: evalkit("models", "--plugins", write(t / "p.py", "import no_such_module_xyz\n")), ("p.py", "no_such_module_xyz")))
+    add(Case("models: plugin syntax error", lambda t: evalkit("models", "--plugins", write(t / "p.py", "def (:\n")), ("p.py", "SyntaxError")))
     add(Case("models: --tokens -1", evalkit("models", "--tokens", "-1"), ("tokens",)))
     add(Case("models: --tokens 10**30", evalkit("models", "--tokens", str(10 ** 30)), ("tokens",)))
     add(Case("models: plugin registers a duplicate name", lambda t: evalkit("models", "--plugins", write(t / "p.py", "from evalkit.models import register_model\n@register_model('oracle', kind='x', state_kind='x', description='d')\ndef f(path): pass\n")), ("oracle",)))
@@ -96,14 +98,17 @@ def cases() -> list[Case]:
             ("--limit -1", ["--models", "oracle", "--limit", "-1"], "limit"),
             ("--limit 1.5", ["--models", "oracle", "--limit", "1.5"], "limit"),
             ("--samples 10**9", ["--models", "oracle", "--samples", "1000000000"], "samples"),
-            ("length beyond model max", ["--models", "recall-gla-tiny", "--lengths", "1000000"], "1000000"),
+            # recall-gla-tiny is recurrent: no maximum (its trained length is only recorded)
+            ("length beyond model max", ["--models", "recall-softmax-tiny", "--lengths", "1000000"], "1000000"),
+            ("length beyond the probe limit", ["--models", "recall-gla-tiny", "--lengths", "2000000"], "1,048,576"),
             ("length 10**8", ["--models", "oracle", "--lengths", "100000000"], "length"),
             ("unknown task", ["--models", "oracle", "--tasks", "nedle"], "nedle"),
             ("unknown lm-eval task", ["--models", "oracle", "--lm-eval-tasks", "no_such_task_xyz"], "no_such_task_xyz"),
             ("same model twice", ["--models", "oracle,oracle"], "oracle"),
             ("missing gla checkpoint", ["--models", "gla:/nonexistent/ckpt"], "/nonexistent/ckpt"),
-            ("plugin missing", ["--models", "oracle", "--plugins", "nope.py"], "nope.py")):
-        add(Case(f"run: {label}", lambda t, e=extra: r(t, *e), (word,),
+            ("plugin missing", ["--models", "oracle", "--plugins", "nope.py"], "nope.py"),
+            ("plugin raises", ["--models", "oracle", "--plugins", "boom.py"], "boom.py")):
+        add(Case(f"run: {label}", lambda t, e=extra: r(t, *e), (word,), setup=lambda t: write(t / "boom.py", "raise RuntimeError('boom')\n"),
                  check=lambda t, p: "left a run folder behind" if (t / "r").exists() else None))
     add(Case("run: --output is a file", lambda t: evalkit("run", *GOOD_RUN, "--output", write(t / "f", "x")), ("f",)))
     add(Case("run: --output under a file", lambda t: evalkit("run", *GOOD_RUN, "--output", write(t / "f", "x") / "r"), ("f",)))
@@ -167,6 +172,8 @@ def cases() -> list[Case]:
     add(Case("run: corrupt cache entries (NaN)", [], scenario=corrupt_cache_then_run(lambda f: f.write_text(f.read_text().replace("1.0", "NaN")))))
     add(Case("run: two runs, one --output", [], scenario=concurrent(two_runs_same_output, verify_one_run)))
     add(Case("run: two --resume on one folder", [], scenario=concurrent(two_resumes, verify_resumed)))
+    add(Case("run: --resume after samples.jsonl hand-edited rebuilds it (ok)", lambda t: (lambda d: (write(d / "samples.jsonl", (d / "samples.jsonl").read_text().replace("1.0", "0.0")), evalkit("run", "--resume", d, "--no-progress"))[1])(copy_run(t)),
+             expect="ok", check=lambda t, p: None if comparable(t / "run") == comparable(GOLDEN["oracle"]) else "results differ"))
     add(Case("run: --resume with DONE removed (ok)", lambda t: (lambda d: ((d / "DONE").unlink(), evalkit("run", "--resume", d, "--no-progress"))[1])(copy_run(t)),
              expect="ok", check=lambda t, p: None if comparable(t / "run") == comparable(GOLDEN["oracle"]) else "results differ"))
 
@@ -188,7 +195,15 @@ def cases() -> list[Case]:
             ("results.json a list", lambda d: (d / "results.json").write_text("[]"), "results.json"),
             ("DONE missing", lambda d: (d / "DONE").unlink(), "DONE"),
             ("provenance.json garbage", lambda d: (d / "provenance.json").write_text("{oops"), "provenance.json"),
-            ("unknown metric in samples", lambda d: (d / "samples.jsonl").write_text((d / "samples.jsonl").read_text().replace("exact_match", "exact_matchx")), "exact_matchx")):
+            ("provenance.json garbage, DONE without checksums", lambda d: (old_done(d), (d / "provenance.json").write_text("{oops")), "provenance.json"),
+            ("samples.jsonl score hand-edited (valid JSON)", lambda d: (d / "samples.jsonl").write_text((d / "samples.jsonl").read_text().replace('"exact_match": 1.0', '"exact_match": 0.0', 1)), "samples.jsonl"),
+            ("results.json hand-edited (valid JSON)", lambda d: (d / "results.json").write_text((d / "results.json").read_text().replace("1.0", "0.5", 1)), "results.json"),
+            ("samples.jsonl one byte flipped", lambda d: (d / "samples.jsonl").write_bytes(flip_byte((d / "samples.jsonl").read_bytes())), "samples.jsonl"),
+            ("samples.jsonl non-UTF-8, DONE without checksums", lambda d: (old_done(d), (d / "samples.jsonl").write_bytes(b"\xfb" + (d / "samples.jsonl").read_bytes())), "samples.jsonl:1"),
+            ("DONE sha256 field garbage", lambda d: write(d / "DONE", json.dumps({**json.loads((d / "DONE").read_text()), "sha256": "x"})), "DONE"),
+            # a hand edit: the checksum in DONE names the file before any field is read
+            ("unknown metric in samples", lambda d: (d / "samples.jsonl").write_text((d / "samples.jsonl").read_text().replace("exact_match", "exact_matchx")), "samples.jsonl"),
+            ("unknown metric in samples, DONE without checksums", lambda d: (old_done(d), (d / "samples.jsonl").write_text((d / "samples.jsonl").read_text().replace("exact_match", "exact_matchx"))), "exact_matchx")):
         add(Case(f"publish: {label}", corrupt_run(edit), (word,),
                  check=lambda t, p: "wrote a leaderboard from a corrupt run" if (t / "lb").exists() and any((t / "lb").iterdir()) else None))
     pub = lambda t, *a: evalkit("publish", copy_run(t), "--to", t / "lb", *a)
@@ -207,6 +222,7 @@ def cases() -> list[Case]:
     add(Case("publish: republish keeps user files in a leaderboard (ok)", lambda t: (sh(pub(t, "--bootstrap", "200"), t, 120), write(t / "lb" / "NOTES.md", "mine"),
                                                                                    evalkit("publish", t / "run", "--to", t / "lb", "--bootstrap", "200"))[2],
              expect="ok", check=lambda t, p: None if (t / "lb" / "NOTES.md").read_text() == "mine" else "NOTES.md lost"))
+    add(Case("publish: a run from before DONE held checksums (ok)", lambda t: evalkit("publish", old_done(copy_run(t)), "--to", t / "lb", "--bootstrap", "200"), expect="ok"))
     add(Case("publish: two runs (ok)", lambda t: evalkit("publish", copy_run(t), copy_run(t, "forgetful", "run2"), "--to", t / "lb", "--bootstrap", "200"), expect="ok"))
     add(Case("publish: two publishes at once", [], scenario=concurrent(two_publishes, verify_published)))
 
@@ -218,6 +234,8 @@ def cases() -> list[Case]:
     add(Case("compare: --metric bogus", lambda t: cmp_(t, "--metric", "bogus"), ("bogus",)))
     add(Case("compare: run B without DONE", lambda t: (lambda a, b: ((b / "DONE").unlink(), evalkit("compare", a, b, "--out", t / "cmp"))[1])(copy_run(t), copy_run(t, "forgetful", "run2")), ("DONE",)))
     add(Case("compare: run B results garbage", lambda t: (lambda a, b: ((b / "results.json").write_text("{x"), evalkit("compare", a, b, "--out", t / "cmp"))[1])(copy_run(t), copy_run(t, "forgetful", "run2")), ("results.json",)))
+    add(Case("compare: run B samples hand-edited", lambda t: (lambda a, b: (write(b / "samples.jsonl", (b / "samples.jsonl").read_text().replace('"exact_match": 1.0', '"exact_match": 0.0', 1)), evalkit("compare", a, b, "--out", t / "cmp"))[1])(copy_run(t), copy_run(t, "oracle", "run2")), ("run2/samples.jsonl",),
+             check=lambda t, p: "wrote a report from an edited run" if (t / "cmp").exists() else None))
     add(Case("compare: two runs of one model (ok)", lambda t: cmp_(t, "--bootstrap", "200"), expect="ok"))
     add(Case("compare: --out existing with user file (kept)", lambda t: (write(t / "cmp" / "mine.txt", "keep"), cmp_(t, "--bootstrap", "200"))[1],
              expect="ok", check=lambda t, p: None if (t / "cmp" / "mine.txt").exists() else "user file removed"))

@@ -114,6 +114,20 @@ def copy_run(tmp: Path, name: str = "oracle", as_: str = "run") -> Path:
     return dst
 
 
+def old_done(run_dir: Path) -> Path:
+    """The run as the runner wrote it before DONE recorded the outputs' sha256."""
+    done = json.loads((run_dir / "DONE").read_text())
+    done.pop("sha256", None)
+    (run_dir / "DONE").write_text(json.dumps(done))
+    return run_dir
+
+
+def flip_byte(data: bytes) -> bytes:
+    """One bit flipped in the middle: a corruption that may keep the JSON valid."""
+    i = len(data) // 2
+    return data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:]
+
+
 # -- user task generators (validate/run) ------------------------------------------------------
 
 sys.path.insert(0, str(REPO / "tests"))
