@@ -205,7 +205,11 @@ def finish(path: Path, *, samples: Iterable[dict], results: dict, provenance: di
 
 def output_sums(path: Path) -> dict[str, str]:
     """The checksums DONE records: a reader refuses a file changed after the run finished."""
-    return {name: hashlib.sha256((path / name).read_bytes()).hexdigest() for name in SUMMED}
+    return {name: _sha256(path / name) for name in SUMMED}
+
+
+def _sha256(f: Path) -> str:
+    return hashlib.sha256(f.read_bytes()).hexdigest()
 
 
 def check_output_sums(path: Path, done: dict) -> None:
@@ -221,7 +225,7 @@ def check_output_sums(path: Path, done: dict) -> None:
                           f"`evalkit run --resume {path}`")
     for name in SUMMED:
         f, want = path / name, sums[name]
-        if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != want:
+        if not f.is_file() or _sha256(f) != want:
             raise RunDirError(f"{f}: not the file the run wrote (gone, or its sha256 differs "
                               f"from the one in {path / DONE}): corrupt or hand-edited; rebuild "
                               f"it with `evalkit run --resume {path}`")
