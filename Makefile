@@ -25,9 +25,14 @@ run: setup
 	$(BIN)/evalkit run --config configs/quick.yaml --output runs/quick --resume
 	$(BIN)/evalkit publish runs/quick --to leaderboard/quick/
 
+# Gaps: what each GLA loses against the ideal copier and against a larger state, the twins.
+GAPS = oracle:recall-gla-6k oracle:recall-gla-21k oracle:recall-gla-72k oracle:recall-gla-140k \
+       recall-gla-140k:recall-gla-6k recall-gla-72k:recall-gla-21k \
+       recall-softmax-cap:recall-gla-140k recall-softmax-cap-matched:recall-gla-140k \
+       recall-softmax-tiny:recall-gla-tiny oracle:forgetful
 standard: setup
 	$(BIN)/evalkit run --config configs/standard-cpu.yaml --output runs/standard-cpu --resume
-	$(BIN)/evalkit publish runs/standard-cpu --to leaderboard/
+	$(BIN)/evalkit publish runs/standard-cpu --to leaderboard/ $(addprefix --gap ,$(GAPS))
 
 train-capacity: setup  # replaces the family's checkpoints in model_adapters/tiny (git shows it)
 	$(BIN)/evalkit train-tiny --config configs/train_capacity.yaml --out model_adapters/tiny

@@ -105,7 +105,9 @@ def test_capacity_verdict_compares_recurrent_models_inside_their_trained_length(
                  "mqar_words", "--lengths", "1536", "--depths", "0.5", "--loads", "1,16",
                  "--samples", "2", "--output", str(out), "--no-progress"]) == 0
     assert main(["publish", str(out), "--to", str(board)]) == 0
-    section = (board / "README.md").read_text().split("## Capacity by state size")[1]
+    readme = (board / "README.md").read_text()
+    assert f"--to {board.resolve()}/`" in readme  # Reproduce names the folder it was given
+    section = readme.split("## Capacity by state size")[1]
     assert "| recall-gla-tiny | recurrent | mqar_words | 1,536 † |" in section
     (verdict,) = [x for x in section.splitlines() if x.startswith("- mqar_words at 1,536")]
     assert "recall-gla-6k" in verdict and "recall-gla-72k" in verdict

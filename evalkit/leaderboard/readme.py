@@ -59,7 +59,8 @@ def _len_header(lengths: list[int]) -> list[str]:
 
 
 def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[str, str]]],
-           skipped: Sequence[str], version: str, drift: Sequence[tuple[str, dict]] = ()) -> str:
+           skipped: Sequence[str], version: str, drift: Sequence[tuple[str, dict]] = (),
+           to: str = "leaderboard/") -> str:
     o = board.options
     bl = board.by_len.assign(beyond_trained=beyond_trained(board.by_len, board.identities))
     runs = board.merged.runs
@@ -81,7 +82,7 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
         extra += f" --gap {p}"
     for folder, _ in drift:
         extra += f" --compare {folder}"
-    w(f"Reproduce: `evalkit publish {args} --to leaderboard/{extra}`\n")
+    w(f"Reproduce: `evalkit publish {args} --to {to}{extra}`\n")
 
     # -- recall by length -----------------------------------------------------------------
     w("## Recall by context length\n")
@@ -257,7 +258,8 @@ def capacity_section(board: Board) -> str:
         rec = g[recurrent & ~past]
         if len(rec) >= 2:
             k = rec["knee"].to_numpy()
-            order = ("rises with state size" if all(a <= b for a, b in zip(k, k[1:])) else
+            order = ("is the same at every state size" if (k == k[0]).all() else
+                     "rises with state size" if all(a <= b for a, b in zip(k, k[1:])) else
                      "does not rise monotonically with state size")
             apart = rec["ci_high"].iat[0] < rec["ci_low"].iat[-1]
             knees = ", ".join(f"{m} {_fmt_knee(x, loads)}" for m, x, loads in
