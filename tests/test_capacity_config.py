@@ -25,8 +25,8 @@ def test_standard_cpu_grid_is_paired_with_30_probes_per_cell():
         assert len({p.seed for p in task.points}) == len(task.points)  # distinct probes
     by_name = {t.name: t for t in r.tasks}
     assert max(by_name["needle"].lengths) >= 8192
-    mqar = by_name["multikey_mqar"]
-    assert len(mqar.lengths) == 1 and max(mqar.loads) >= 256 and min(mqar.loads) <= 2
+    mqar = by_name["mqar_words"]
+    assert max(mqar.loads) >= 256 and min(mqar.loads) == 1 and max(mqar.lengths) >= 8192
 
 
 def test_standard_cpu_capacity_length_is_inside_the_family_training_range():
@@ -36,7 +36,8 @@ def test_standard_cpu_capacity_length_is_inside_the_family_training_range():
 
     cfg = load_config(str(ROOT / "configs" / "train_capacity.yaml"))
     r = resolve(load_suite(ROOT / "configs" / "standard-cpu.yaml"))
-    mqar = next(t for t in r.tasks if t.name == "multikey_mqar")
-    assert max(mqar.lengths) + 128 <= cfg.seq_len
+    mqar = next(t for t in r.tasks if t.name == "mqar_words")
+    assert min(mqar.lengths) + 128 <= cfg.seq_len
+    assert min(mqar.lengths) <= max(max(st.lengths) for st in cfg.stages)  # trained on
     assert [m.name for m in cfg.models] == [n for n, (_, text) in TINY_MODELS.items()
                                             if "capacity family" in text]

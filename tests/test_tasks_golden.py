@@ -14,6 +14,7 @@ GOLDEN = {
     ("needle_multi", 1024, 0.25, 4, 14): "566322853e63e2d71f8550eccfce9ff9c83bd7735bd23b402b7bad0f19d09c55",
     ("multikey", 4096, 0.5, 16, 21): "1b75327e288abd2bba2d80bd0a765c79a824431eafc106f101c49991593cfd1d",
     ("multikey_mqar", 16384, 1.0, 256, 22): "f49037102cfa8b2baafcb5bea7f9d207b17bc20d2bddeffb8bb388f4ee2a409a",
+    ("mqar_words", 2048, 0.5, 256, 25): "5209c6e4fe43a953b7a229e713be52a293ddda9997745765acddf703e989546a",
     ("multikey_multivalue", 4096, 0.0, 4, 23): "60bf30392d9066db98597d05196c51ff78f791f6d39b612bab7b702be20ca7b4",
     ("multikey_multiquery", 4096, 0.5, 8, 24): "663775e6337b878b813495e85359212126cd852a9da000830f49ccaf88dc49f9",
     ("conversation", 1024, 0.5, 3, 31): "19cc8a5a1d1235ea00f3401b97bd22075ddd208d1bbb9322f8f4c4e2998f6559",

@@ -125,6 +125,34 @@ def test_mqar_style_facts_and_prefix(tiny_tokenizer):
     assert "The grass is green." in " ".join(s.text for s in p.context)
 
 
+def test_common_word_mqar_keys_and_values(tiny_tokenizer):
+    """mqar_words: keys and values are distinct common words ("said: little."), most of them
+    one token each in the tiny tokenizer, none of them a filler word; 256 facts fit 2,048
+    tokens; more facts than the word list holds is a clear error, not a loop."""
+    from evalkit.probes import common_words
+
+    words = common_words()
+    assert len(words) == len(set(words)) == 512
+    assert not {"grass", "green", "there", "again"} & set(words)
+    single = sum(len(tiny_tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1
+                 for w in words)
+    assert single >= 400
+    p = gen(multikey, tiny_tokenizer, length=2048, load=256, seed=3, style="mqar",
+            haystack="filler", keys="common", value_kind="common")
+    check_measured(p, tiny_tokenizer)
+    pairs = dict(re.findall(r"\b([a-z]+): ([a-z]+)\.", " ".join(s.text for s in p.context)))
+    assert len(pairs) == 256 and set(pairs) <= set(words) and set(pairs.values()) <= set(words)
+    assert not set(pairs) & set(pairs.values())  # a key is never also a value
+    q = p.questions[0]
+    key = q.answer_prefix.removeprefix("Answer: ")[:-1]
+    assert pairs[key] == q.gold[0] and len(set(q.candidates)) == len(q.candidates)
+    with pytest.raises(ValueError, match=r"load=257: keys and values drawn from the 512 common"):
+        gen(multikey, tiny_tokenizer, length=8192, load=257, seed=3, style="mqar",
+            haystack="filler", keys="common", value_kind="common")
+    with pytest.raises(ValueError, match="keys='common' needs style='mqar'"):
+        multikey.Params(keys="common")
+
+
 def test_block_placement_keeps_facts_together(tiny_tokenizer):
     p = gen(multikey, tiny_tokenizer, length=2048, depth=0.5, load=8, seed=9, placement="block")
     check_measured(p, tiny_tokenizer)

@@ -1,6 +1,6 @@
 """`evalkit train-tiny` with a `models:` config: a capacity family at toy size. Every member is
-trained at every swept rate on the same batches, the best held-out rate is kept and retrained,
-and each card records the sweep."""
+trained at every swept rate on the same batches, the best held-out rate is kept and retrained
+(or, with full-length sweep runs, kept as it is), and each card records the sweep."""
 import json
 from pathlib import Path
 
@@ -59,6 +59,25 @@ def test_family_sweeps_keeps_best_and_cards_the_sweep(tmp_path):
     assert gla.num_parameters() == logs["toy-gla-h1"]["params"]
     assert soft.num_parameters() == logs["toy-softmax"]["params"]
     assert gla.state_bytes_at(1) == logs["toy-gla-h1"]["state_bytes"]
+
+
+def test_full_length_sweep_keeps_its_best_run_without_retraining(tmp_path):
+    """sweep.scale 1: every rate trains the full schedule and the best run is the model, so
+    the family costs one run per rate; the runs not kept leave nothing behind."""
+    cfg = tmp_path / "family.yaml"
+    cfg.write_text((TOY % TRAIN_TASKS).replace("scale: 0.5", "scale: 1.0")
+                   .replace("  - {name: toy-gla-h4, kind: gla, num_heads: 4, expand_k: 0.25}\n", "")
+                   .replace("  - {name: toy-softmax, kind: softmax, num_heads: 2}\n", ""))
+    out = tmp_path / "out"
+    assert main(["train-tiny", "--config", str(cfg), "--out", str(out)]) == 0
+    assert [p.name for p in out.iterdir()] == ["toy-gla-h1"]
+    log = json.loads((out / "toy-gla-h1" / "train_log.json").read_text())
+    assert all(s["steps"] == 4 for s in log["sweep"]) and len(log["history"]) == 4
+    kept = next(s for s in log["sweep"] if s["lr"] == log["lr"])
+    assert log["lr"] == best_of(log["sweep"])["lr"]
+    assert (kept["heldout_em"], kept["seconds"]) == (log["heldout_em"], log["seconds"])
+    card = (out / "toy-gla-h1" / "README.md").read_text()
+    assert "Each rate trained on the full schedule" in card and "kept, not retrained" in card
 
 
 def test_best_of_prefers_exact_match_then_lower_loss():

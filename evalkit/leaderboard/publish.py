@@ -96,6 +96,13 @@ def publish(run_dirs: Sequence[str | os.PathLike], to: str | os.PathLike,
     return Published(target, board, [target / f.relative_to(tmp) for f in files], skipped)
 
 
+def _shown_as(folder: Path) -> str:
+    """The board's folder as the Reproduce line gives it: relative to the working folder when
+    inside it (leaderboard/quick/), else absolute."""
+    folder, cwd = Path(folder).resolve(), Path.cwd().resolve()
+    return (folder.relative_to(cwd).as_posix() if folder.is_relative_to(cwd) else str(folder)) + "/"
+
+
 @contextmanager
 def _locked(folder: Path) -> Iterator[None]:
     """An exclusive flock on `folder` itself (nothing is written), held while swapping."""
@@ -214,7 +221,7 @@ def write_board(board: Board, out: Path, run_paths: Sequence[str],
         atomic.dumps(doc, (shown or out) / "results.json", indent=1, default=str) + "\n",
         encoding="utf-8")
     (out / "README.md").write_text(render(board, run_paths, sections, skipped, __version__,
-                                          drift), encoding="utf-8")
+                                          drift, to=_shown_as(shown or out)), encoding="utf-8")
     return files, skipped
 
 

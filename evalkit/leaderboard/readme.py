@@ -59,7 +59,8 @@ def _len_header(lengths: list[int]) -> list[str]:
 
 
 def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[str, str]]],
-           skipped: Sequence[str], version: str, drift: Sequence[tuple[str, dict]] = ()) -> str:
+           skipped: Sequence[str], version: str, drift: Sequence[tuple[str, dict]] = (),
+           to: str = "leaderboard/") -> str:
     o = board.options
     bl = board.by_len.assign(beyond_trained=beyond_trained(board.by_len, board.identities))
     runs = board.merged.runs
@@ -81,7 +82,7 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
         extra += f" --gap {p}"
     for folder, _ in drift:
         extra += f" --compare {folder}"
-    w(f"Reproduce: `evalkit publish {args} --to leaderboard/{extra}`\n")
+    w(f"Reproduce: `evalkit publish {args} --to {to}{extra}`\n")
 
     # -- recall by length -----------------------------------------------------------------
     w("## Recall by context length\n")
@@ -250,17 +251,24 @@ def capacity_section(board: Board) -> str:
                          fmt_len(L) + (f" {BEYOND_MARK}" if past else ""),
                          fmt_bytes(r["state_bytes"]), _fmt_knee(r["knee"], r["loads"]),
                          f"[{lo}, {hi}]", r["n"]])
-        rec = g[g["model_label"].map(board.kinds) == "recurrent"]
+        # Past its trained length a model's knee measures length generalisation as well as
+        # its state, so the verdict compares only recurrent models inside their range.
+        recurrent = (g["model_label"].map(board.kinds) == "recurrent").to_numpy()
+        past = beyond.to_numpy()
+        rec = g[recurrent & ~past]
         if len(rec) >= 2:
             k = rec["knee"].to_numpy()
-            order = ("rises with state size" if all(a <= b for a, b in zip(k, k[1:])) else
+            order = ("is the same at every state size" if (k == k[0]).all() else
+                     "rises with state size" if all(a <= b for a, b in zip(k, k[1:])) else
                      "does not rise monotonically with state size")
             apart = rec["ci_high"].iat[0] < rec["ci_low"].iat[-1]
+            knees = ", ".join(f"{m} {_fmt_knee(x, loads)}" for m, x, loads in
+                              zip(rec["model_label"], k, rec["loads"]))
             verdicts.append(f"- {task} at {fmt_len(L)} tokens: the recurrent models' knee "
-                            f"{order} ({', '.join(_fmt_knee(x, rec['loads'].iat[0]) for x in k)}"
-                            f" facts from the smallest to the largest state); the smallest and "
-                            f"largest state's intervals "
-                            f"{'do not overlap' if apart else 'overlap'}.")
+                            f"{order} ({knees} facts, smallest state first); the smallest and "
+                            f"largest state's intervals {'do not overlap' if apart else 'overlap'}"
+                            + (" (models past their trained length left out)."
+                               if (recurrent & past).any() else "."))
     out.append(table(["model", "state", "task", "length (tok)", "bytes held", "knee (facts)",
                       "95 % interval", "n"], rows) + "\n")
     if verdicts:

@@ -47,9 +47,9 @@ the count is exact.
 from evalkit.probes.build import Ask, assemble, check_grid_point, probe_id, tolerance
 from evalkit.probes.haystack import Haystack, WordStream, builtin_haystack, start_stream
 from evalkit.probes.layout import Item, Layout, depth_order
-from evalkit.probes.values import (candidates, lookalike_numbers, lookalike_word, make_values,
-                                   pseudo_word)
+from evalkit.probes.values import (candidates, common_words, lookalike_numbers, lookalike_word,
+                                   make_values, pseudo_word)
 
 __all__ = ["Ask", "Haystack", "Item", "Layout", "WordStream", "assemble", "builtin_haystack",
-           "candidates", "check_grid_point", "depth_order", "lookalike_numbers", "lookalike_word",
-           "make_values", "probe_id", "pseudo_word", "start_stream", "tolerance"]
+           "candidates", "check_grid_point", "common_words", "depth_order", "lookalike_numbers",
+           "lookalike_word", "make_values", "probe_id", "pseudo_word", "start_stream", "tolerance"]

@@ -8,7 +8,7 @@ import uuid
 from typing import Callable, Sequence
 
 from evalkit.probes.haystack import prose_words
-from evalkit.probes.words import CONSONANTS, VALUE_WORDS, VOWELS
+from evalkit.probes.words import CONSONANTS, FILLER, VALUE_WORDS, VOWELS
 
 
 @functools.lru_cache(maxsize=None)
@@ -28,15 +28,31 @@ def phrase_words() -> tuple[str, ...]:
     return tuple(ranked[:400])
 
 
+@functools.lru_cache(maxsize=None)
+def common_words() -> tuple[str, ...]:
+    """The prose's 512 most frequent lower-case words of 3+ letters that the filler haystack
+    never uses (ties alphabetical): keys and values of Zoology-style MQAR ("said: little."),
+    one token each for most of them in most tokenizers (408 of 512 in the tiny tokenizer)."""
+    filler = {w.strip(".,").lower() for w in FILLER.split()}
+    counts = collections.Counter(prose_words())
+    ranked = sorted((w for w in counts if w.isalpha() and len(w) >= 3 and w not in filler),
+                    key=lambda w: (-counts[w], w))
+    return tuple(ranked[:512])
+
+
 def make_values(rng: random.Random, kind: str, n: int, digits: int,
                 avoid: Sequence[str] = (), words: int = 8) -> list[str]:
     """n distinct values of one kind: numbers with `digits` digits, words, UUIDs, or phrases
-    of `words` distinct common prose words in random order (a copy only the context supplies)."""
+    of `words` distinct common prose words in random order (a copy only the context supplies),
+    or single common words ("common", see common_words)."""
     seen = set(avoid)
     out: list[str] = []
     if kind == "word" and n + len(seen) > len(value_words()):
         raise ValueError(f"load={n}: at most {len(value_words()) - len(seen)} distinct word "
                          f"values are available; use value_kind 'number' or 'uuid'")
+    if kind == "common" and n + len(seen) > len(common_words()):
+        raise ValueError(f"load={n}: at most {len(common_words())} common words serve as keys "
+                         f"and values together ({len(seen)} already taken)")
     if kind == "number" and n + len(seen) > 9 * 10 ** (digits - 1) // 2:
         raise ValueError(f"load={n}: {digits}-digit numbers are too few for {n} distinct "
                          f"values; raise params.digits")
@@ -47,11 +63,13 @@ def make_values(rng: random.Random, kind: str, n: int, digits: int,
             v = rng.choice(value_words())
         elif kind == "uuid":
             v = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        elif kind == "common":
+            v = rng.choice(common_words())
         elif kind == "phrase":
             v = " ".join(rng.sample(phrase_words(), words))
         else:
-            raise ValueError(f"value_kind={kind!r}: expected 'number', 'word', 'uuid' or "
-                             f"'phrase'")
+            raise ValueError(f"value_kind={kind!r}: expected 'number', 'word', 'uuid', "
+                             f"'phrase' or 'common'")
         if v not in seen:
             seen.add(v)
             out.append(v)

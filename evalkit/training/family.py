@@ -4,9 +4,11 @@ batches for the same steps, each with its own learning-rate sweep.
 Recurrent models learn recall only inside a narrow learning-rate window (arXiv 2508.19029), so
 one shared rate would make the comparison a training artifact. Every member is trained at each
 rate of the sweep on a shortened schedule (every stage's steps times `sweep.scale`); the rate
-with the best held-out recall is then trained on the full schedule and kept.
+with the best held-out recall is then trained on the full schedule and kept. With scale 1 the
+sweep runs are full runs: the best is kept as it is (Zoology reports its best sweep run), so a
+family costs one run per rate, not one more.
 
-Held-out recall: exact match of the answer digits under teacher forcing (argmax at every answer
+Held-out recall: exact match of the answer tokens under teacher forcing (argmax at every answer
 token; for a greedy decoder that is the same as generating the answer), on `heldout.n` probes
 of `heldout.task` whose seeds follow every training seed (training range, never an evaluation
 seed, never trained on). Ties go to the lower answer-token loss. The answer-token loss alone
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
@@ -175,20 +178,27 @@ def run_job(job: dict) -> dict:
                                    lr_at(step, job["lr"], cfg.warmup, len(schedule)),
                                    cfg.answer_weight)
             if not (math.isfinite(loss) and math.isfinite(ans)):  # this rate diverged
-                if job.get("save"):
+                if job.get("final"):
                     raise RuntimeError(f"{member.name}: training at lr {job['lr']:g} diverged "
                                        f"(non-finite loss) at step {step}")
                 break
             hist.append(loss)
             ans_hist.append(ans)
+            if job.get("progress") and (step % 100 == 99 or step == len(schedule) - 1):
+                with open(job["progress"], "a", encoding="utf-8") as f:  # tail -f to watch
+                    f.write(f"{member.name} lr {job['lr']:g} step {step + 1}/{len(schedule)} "
+                            f"answer loss (mean of 100) "
+                            f"{sum(ans_hist[-100:]) / len(ans_hist[-100:]):.3f} "
+                            f"{time.time() - t0:.0f}s\n")
         seconds = time.time() - t0
         diverged = len(hist) < len(schedule)
         em, held_loss = (0.0, None) if diverged else heldout_recall(model, held)
         out = {}
-        if job.get("save"):
+        if job.get("save") and not diverged:
             _save(model, gla_cfg, Path(job["save"]))
             out["save"] = job["save"]
-        return {**out, "name": member.name, "lr": job["lr"], "steps": len(schedule),
+        return {**out, "final": bool(job.get("final")), "name": member.name, "lr": job["lr"],
+                "steps": len(schedule),
                 "diverged_at": len(hist) if diverged else None, "seconds": seconds,
                 "heldout_em": em, "heldout_answer_loss": held_loss, "history": hist,
                 "answer_history": ans_hist, "params": sum(p.numel() for p in model.parameters()),
@@ -230,6 +240,14 @@ def best_of(sweep: Sequence[dict]) -> dict:
     return max(finite, key=lambda r: (r["heldout_em"], -(r["heldout_answer_loss"] or 0.0)))
 
 
+def _keep(run: dict, folder: Path) -> dict:
+    """A full-length sweep run kept as the member's final: its checkpoint moved into place."""
+    if "save" not in run:
+        raise RuntimeError(f"{run['name']}: every learning rate of the sweep diverged")
+    shutil.move(run["save"], folder)
+    return {**run, "save": str(folder)}
+
+
 def train_family(cfg: FamilyConfig, tokenizer: Any, work: Path, log=print) -> dict[str, dict]:
     """Sweep, select, train the finals into work/<name>/. Returns per member: the final run
     (with "sweep": every sweep run, with its answer-loss history)."""
@@ -237,23 +255,29 @@ def train_family(cfg: FamilyConfig, tokenizer: Any, work: Path, log=print) -> di
     build_data(cfg, tokenizer, data, log)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     base = {"cfg": cfg.model_dump(mode="json"), "data": str(data), "vocab": len(tokenizer),
+            "progress": str(work / "progress.log"),
             "ids": [pad, tokenizer.bos_token_id, tokenizer.eos_token_id]}
+    log(f"progress of every run: {work / 'progress.log'}")
     t0 = time.time()
     by_name: dict[str, list[dict]] = {m.name: [] for m in cfg.models}
     finals: list[dict] = []
+    full = cfg.sweep.scale == 1.0  # the sweep runs are the finals: save each, keep the best
+    sweep_dir = work / "sweep"
     # A member's final starts as soon as its own sweep is done, so both workers stay busy.
     # spawn: a fresh interpreter per worker; fork after tokenizers/OpenMP threads can deadlock.
     pool = (ProcessPoolExecutor(cfg.jobs, mp_context=get_context("spawn")) if cfg.jobs > 1
             else _Inline())
     with pool as ex:
         pending = {ex.submit(run_job, {**base, "member": m.model_dump(), "lr": lr,
-                                       "scale": cfg.sweep.scale})
+                                       "scale": cfg.sweep.scale,
+                                       **({"save": str(sweep_dir / f"{m.name}-lr{lr:g}")}
+                                          if full else {})})
                    for m in cfg.models for lr in cfg.sweep.lrs}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in done:
                 r = f.result()
-                if "save" in r:
+                if r.pop("final", False):
                     finals.append(r)
                     log(f"final {r['name']} lr {r['lr']:g}: held-out exact match "
                         f"{r['heldout_em']:.3f} ({r['seconds'] / 60:.1f} min, "
@@ -266,14 +290,20 @@ def train_family(cfg: FamilyConfig, tokenizer: Any, work: Path, log=print) -> di
                     f"held-out exact match {r['heldout_em']:.3f}, answer loss "
                     f"{r['heldout_answer_loss']:.3f}") +
                     f" ({r['steps']} steps, {r['seconds'] / 60:.1f} min)")
-                if len(runs) == len(cfg.sweep.lrs):
-                    m = next(m for m in cfg.models if m.name == r["name"])
-                    pending.add(ex.submit(run_job, {**base, "member": m.model_dump(),
-                                                    "lr": best_of(runs)["lr"], "scale": 1.0,
-                                                    "save": str(work / m.name)}))
+                if len(runs) < len(cfg.sweep.lrs):
+                    continue
+                m = next(m for m in cfg.models if m.name == r["name"])
+                if full:
+                    finals.append(_keep(best_of(runs), work / m.name))
+                    continue
+                pending.add(ex.submit(run_job, {**base, "member": m.model_dump(),
+                                                "lr": best_of(runs)["lr"], "scale": 1.0,
+                                                "save": str(work / m.name), "final": True}))
+    if full:
+        shutil.rmtree(sweep_dir, ignore_errors=True)  # the runs not kept
     out = {}
     for r in finals:
-        r["sweep"] = [{k: v for k, v in s.items() if k != "history"}
+        r["sweep"] = [{k: v for k, v in s.items() if k not in ("history", "save")}
                       for s in sorted(by_name[r["name"]], key=lambda s: s["lr"])]
         out[r["name"]] = r
     log(f"family trained in {(time.time() - t0) / 60:.1f} min")

@@ -35,6 +35,19 @@ def family_table(cfg, results: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
+def _sweep_schedule(cfg) -> str:
+    if cfg.sweep.scale == 1.0:
+        return "Each rate trained on the full schedule (the same batches)"
+    return (f"Each rate trained on a shortened schedule (every stage at {cfg.sweep.scale:g} of "
+            f"its steps, the same batches)")
+
+
+def _kept(cfg) -> str:
+    if cfg.sweep.scale == 1.0:
+        return "The best run is the model: it was kept, not retrained."
+    return "The kept rate was retrained on the full schedule."
+
+
 def family_card(name: str, cfg, results: dict[str, dict], tok_path: str, config_path: str) -> str:
     m = next(m for m in cfg.models if m.name == name)
     r = results[name]
@@ -63,10 +76,9 @@ the same steps, each at the learning rate its own sweep selected.
 
 ## Learning-rate sweep
 
-Each rate trained on a shortened schedule (every stage at {cfg.sweep.scale:g} of its steps, the
-same batches), then scored on the held-out probes: exact match of the answer under teacher
-forcing (what greedy decoding would produce), ties to the lower answer-token loss. The kept rate
-was retrained on the full schedule.
+{_sweep_schedule(cfg)}, then scored on the held-out probes: exact match of the answer under
+teacher forcing (what greedy decoding would produce), ties to the lower answer-token loss.
+{_kept(cfg)}
 
 {sweep_table(r)}
 
