@@ -18,14 +18,18 @@ def value_words() -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=None)
+def _ranked_words(exclude: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """The prose's lower-case words of 3+ letters, most frequent first (ties alphabetical)."""
+    counts = collections.Counter(prose_words())
+    return tuple(sorted((w for w in counts if w.isalpha() and len(w) >= 3 and w not in exclude),
+                        key=lambda w: (-counts[w], w)))
+
+
 def phrase_words() -> tuple[str, ...]:
     """The prose's 400 most frequent lower-case words of 3+ letters (ties alphabetical). Phrase
     values are random orders of them: common words, one token each in most tokenizers, so a
     copied phrase is a run of single-token copies whose order only the context can tell."""
-    counts = collections.Counter(prose_words())
-    ranked = sorted((w for w in counts if w.isalpha() and len(w) >= 3),
-                    key=lambda w: (-counts[w], w))
-    return tuple(ranked[:400])
+    return _ranked_words()[:400]
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,11 +37,7 @@ def common_words() -> tuple[str, ...]:
     """The prose's 512 most frequent lower-case words of 3+ letters that the filler haystack
     never uses (ties alphabetical): keys and values of Zoology-style MQAR ("said: little."),
     one token each for most of them in most tokenizers (408 of 512 in the tiny tokenizer)."""
-    filler = {w.strip(".,").lower() for w in FILLER.split()}
-    counts = collections.Counter(prose_words())
-    ranked = sorted((w for w in counts if w.isalpha() and len(w) >= 3 and w not in filler),
-                    key=lambda w: (-counts[w], w))
-    return tuple(ranked[:512])
+    return _ranked_words(frozenset(w.strip(".,").lower() for w in FILLER.split()))[:512]
 
 
 def make_values(rng: random.Random, kind: str, n: int, digits: int,

@@ -35,23 +35,20 @@ def family_table(cfg, results: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
-def _sweep_schedule(cfg) -> str:
+def _sweep_text(cfg) -> tuple[str, str]:
+    """How the sweep runs were trained, and how the kept model came from them."""
     if cfg.sweep.scale == 1.0:
-        return "Each rate trained on the full schedule (the same batches)"
+        return ("Each rate trained on the full schedule (the same batches)",
+                "The best run is the model: it was kept, not retrained.")
     return (f"Each rate trained on a shortened schedule (every stage at {cfg.sweep.scale:g} of "
-            f"its steps, the same batches)")
-
-
-def _kept(cfg) -> str:
-    if cfg.sweep.scale == 1.0:
-        return "The best run is the model: it was kept, not retrained."
-    return "The kept rate was retrained on the full schedule."
+            f"its steps, the same batches)", "The kept rate was retrained on the full schedule.")
 
 
 def family_card(name: str, cfg, results: dict[str, dict], tok_path: str, config_path: str) -> str:
     m = next(m for m in cfg.models if m.name == name)
     r = results[name]
     h = cfg.heldout
+    schedule, kept = _sweep_text(cfg)
     return f"""# {name}
 
 A tiny {'recurrent (GLA)' if m.kind == 'gla' else 'softmax-attention (Llama)'} language model of
@@ -76,9 +73,9 @@ the same steps, each at the learning rate its own sweep selected.
 
 ## Learning-rate sweep
 
-{_sweep_schedule(cfg)}, then scored on the held-out probes: exact match of the answer under
+{schedule}, then scored on the held-out probes: exact match of the answer under
 teacher forcing (what greedy decoding would produce), ties to the lower answer-token loss.
-{_kept(cfg)}
+{kept}
 
 {sweep_table(r)}
 
