@@ -1,6 +1,6 @@
 # Two words do everything: `make run` (the quick suite -> leaderboard/quick/) and `make test`.
 # The published board: `make standard` (configs/standard-cpu.yaml -> leaderboard/, 14.5 min
-# measured on 2 cores); its capacity family: `make train-capacity` (50 min measured).
+# measured on 2 cores from scratch); its capacity family: `make train-capacity` (82 min measured).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin

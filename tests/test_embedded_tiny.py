@@ -36,6 +36,9 @@ def test_checkpoint_loads_and_matches_its_card(name):
     trained = int(re.search(r"^\| trained length \| (\d+) tokens", card, re.M).group(1))
     assert trained == tiny_trained_length(name) == log["config"]["seq_len"]
     assert "2^31" in card and "loss.png" in card and (TINY_DIR / name / "loss.png").is_file()
+    shape = json.loads((TINY_DIR / name / "config.json").read_text())
+    width, layers = re.search(r"^\| width / layers[^|]*\| (\d+) / (\d+) /", card, re.M).groups()
+    assert (int(width), int(layers)) == (shape["hidden_size"], shape["num_hidden_layers"])
     if TINY_MODELS[name][0] == "gla":  # no context window; the trained length is recorded
         assert model.max_length is None and model.trained_length == trained
         if "state_bytes" in log:

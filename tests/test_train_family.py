@@ -26,7 +26,7 @@ heldout: {task: multikey_mqar, length: 160, load: 8, n: 3}
 models:
   - {name: toy-gla-h4, kind: gla, num_heads: 4, expand_k: 0.25}
   - {name: toy-gla-h1, kind: gla, num_heads: 1, expand_k: 1.0}
-  - {name: toy-softmax, kind: softmax, num_heads: 2}
+  - {name: toy-softmax, kind: softmax, num_heads: 2, num_layers: 2, intermediate_size: 32}
 """
 TRAIN_TASKS = Path(__file__).resolve().parents[1] / "configs" / "train_tasks"
 
@@ -59,6 +59,13 @@ def test_family_sweeps_keeps_best_and_cards_the_sweep(tmp_path):
     assert gla.num_parameters() == logs["toy-gla-h1"]["params"]
     assert soft.num_parameters() == logs["toy-softmax"]["params"]
     assert gla.state_bytes_at(1) == logs["toy-gla-h1"]["state_bytes"]
+    # a member's own depth and MLP width, in its checkpoint and in every card's family table
+    shape = json.loads((out / "toy-softmax" / "config.json").read_text())
+    assert (shape["num_hidden_layers"], shape["intermediate_size"]) == (2, 32)
+    cards = {n: (out / n / "README.md").read_text() for n in ("toy-gla-h1", "toy-softmax")}
+    assert "| `toy-softmax` | softmax | 2 | 32 | 2 |" in cards["toy-gla-h1"]
+    assert "| `toy-gla-h1` | gla | 1 | 64 | 1 |" in cards["toy-softmax"]
+    assert "| width / layers / MLP / heads | 32 / 2 / 32 / 2 |" in cards["toy-softmax"]
 
 
 def test_full_length_sweep_keeps_its_best_run_without_retraining(tmp_path):
@@ -67,7 +74,8 @@ def test_full_length_sweep_keeps_its_best_run_without_retraining(tmp_path):
     cfg = tmp_path / "family.yaml"
     cfg.write_text((TOY % TRAIN_TASKS).replace("scale: 0.5", "scale: 1.0")
                    .replace("  - {name: toy-gla-h4, kind: gla, num_heads: 4, expand_k: 0.25}\n", "")
-                   .replace("  - {name: toy-softmax, kind: softmax, num_heads: 2}\n", ""))
+                   .replace("  - {name: toy-softmax, kind: softmax, num_heads: 2, num_layers: 2, "
+                            "intermediate_size: 32}\n", ""))
     out = tmp_path / "out"
     assert main(["train-tiny", "--config", str(cfg), "--out", str(out)]) == 0
     assert [p.name for p in out.iterdir()] == ["toy-gla-h1"]

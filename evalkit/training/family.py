@@ -49,6 +49,17 @@ class Member(BaseModel):
     num_heads: int = Field(ge=1, le=64)
     expand_k: float = Field(default=0.5, gt=0, le=4)
     expand_v: float = Field(default=1.0, gt=0, le=4)
+    # Depth and MLP width of this member; unset: the recipe's. A deeper, narrower softmax twin
+    # keeps the parameter count (two attention layers must learn a two-token key match from
+    # scratch, which the GLA's short convolution hands its keys for free).
+    num_layers: int | None = Field(default=None, ge=1, le=64)
+    intermediate_size: int | None = Field(default=None, ge=8, le=16384)
+
+    def shape(self, recipe: "Recipe") -> "Recipe":
+        """The recipe with this member's depth and MLP width."""
+        return recipe.model_copy(update={
+            "num_layers": self.num_layers or recipe.num_layers,
+            "intermediate_size": self.intermediate_size or recipe.intermediate_size})
 
 
 class Sweep(BaseModel):
@@ -146,6 +157,7 @@ def heldout_recall(model, seqs: Sequence[Sequence_]) -> tuple[float, float]:
 
 def build_member(cfg: FamilyConfig, m: Member, vocab: int, ids: tuple[int, int, int]):
     """(model, GLA config or None)."""
+    cfg = m.shape(cfg)
     if m.kind == "gla":
         return build_gla(cfg, vocab, ids, num_heads=m.num_heads, expand_k=m.expand_k,
                          expand_v=m.expand_v, tie=cfg.tie_word_embeddings)

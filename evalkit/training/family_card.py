@@ -22,15 +22,18 @@ def sweep_table(r: dict) -> str:
 
 def family_table(cfg, results: dict[str, dict]) -> str:
     """Every member: the family at a glance, in every card."""
-    rows = ["| model | mixer | heads | d_k x d_v per head | state (fp32) | parameters | lr kept |",
-            "| --- | --- | ---: | --- | ---: | ---: | ---: |"]
+    rows = ["| model | mixer | layers | MLP | heads | d_k x d_v per head | state (fp32) | "
+            "parameters | lr kept |",
+            "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for m in cfg.models:
         r = results[m.name]
         dk, dv = (int(cfg.hidden_size * e) // m.num_heads for e in (m.expand_k, m.expand_v))
         shape = (f"{dk} x {dv}" if m.kind == "gla"
                  else f"KV, head dim {cfg.hidden_size // m.num_heads}")
         state = f"{r['state_bytes']:,} B" if r["state_bytes"] is not None else "grows with length"
-        rows.append(f"| `{m.name}` | {m.kind} | {m.num_heads} | {shape} | {state} | "
+        sh = m.shape(cfg)
+        rows.append(f"| `{m.name}` | {m.kind} | {sh.num_layers} | {sh.intermediate_size} | "
+                    f"{m.num_heads} | {shape} | {state} | "
                     f"{r['params']:,} | {r['lr']:g} |")
     return "\n".join(rows)
 
@@ -48,6 +51,7 @@ def family_card(name: str, cfg, results: dict[str, dict], tok_path: str, config_
     m = next(m for m in cfg.models if m.name == name)
     r = results[name]
     h = cfg.heldout
+    sh = m.shape(cfg)
     schedule, kept = _sweep_text(cfg)
     return f"""# {name}
 
@@ -59,7 +63,7 @@ the same steps, each at the learning rate its own sweep selected.
 | | |
 | --- | --- |
 | parameters | {r['params']:,} |
-| width / layers / heads | {cfg.hidden_size} / {cfg.num_layers} / {m.num_heads} |
+| width / layers / MLP / heads | {cfg.hidden_size} / {sh.num_layers} / {sh.intermediate_size} / {m.num_heads} |
 | recurrent state (fp32) | {f"{r['state_bytes']:,} B" if r['state_bytes'] is not None else 'none (KV cache grows with the context)'} |
 | tied embeddings | {cfg.tie_word_embeddings} |
 | trained length | {cfg.seq_len} tokens{TRAINED_NOTE[m.kind]} |
