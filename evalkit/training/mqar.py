@@ -136,13 +136,17 @@ def member_config(fam: MQARFamily, m: Member):
     return cfg
 
 
-def query_loss(model, ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean cross-entropy at the scored positions and the predictions there; the head runs
-    only at those positions."""
+def query_logits(model, ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [N, V] at the N scored positions of ids [B, T] and their targets [N]; the head
+    runs only at those positions."""
     h, _ = model.hidden(ids)                                         # [B, T, D]
     scored = targets != IGNORE
-    logits = model.lm_head(h[scored]).float()                        # [N, V]
-    y = targets[scored]
+    return model.lm_head(h[scored]).float(), targets[scored]
+
+
+def query_loss(model, ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy at the scored positions and the predictions there (evaluation)."""
+    logits, y = query_logits(model, ids, targets)
     return F.cross_entropy(logits, y), logits.argmax(-1)
 
 
@@ -190,7 +194,7 @@ def train_run(fam: MQARFamily, m: Member, lr: float, steps: int, *, minutes: flo
         ids, t = mqar_batch(s.batch, s.length, s.load, seed=TRAIN_SEED_BASE + step)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, lr, fam.warmup, steps)
-        loss, _ = query_loss(model, torch.from_numpy(ids), torch.from_numpy(t))
+        loss = F.cross_entropy(*query_logits(model, torch.from_numpy(ids), torch.from_numpy(t)))
         if not math.isfinite(loss.item()):
             stop = f"diverged at step {step}"
             break
