@@ -56,7 +56,19 @@ def _describe(name: str):
     return describe
 
 
-for _name, (_kind, _text) in MQAR_MODELS.items():
-    register_model(_name, kind="gla", state_kind=_kind, description=_text, options=GLAAdapter,
-                   config=MQAR_DIR / _name / "config.json", describe=_describe(_name))(
-        _factory(_name))
+def _mqar(name: str) -> dict:
+    """register_model's arguments for a twin, from its MQAR_MODELS row."""
+    kind, description = MQAR_MODELS[name]
+    return {"kind": "gla", "state_kind": kind, "description": description, "options": GLAAdapter,
+            "config": MQAR_DIR / name / "config.json", "describe": _describe(name)}
+
+
+register_model("mqar-attn-d64", **_mqar("mqar-attn-d64"))(_factory("mqar-attn-d64"))
+register_model("mqar-attn-d128", **_mqar("mqar-attn-d128"))(_factory("mqar-attn-d128"))
+register_model("mqar-gla-d32", **_mqar("mqar-gla-d32"))(_factory("mqar-gla-d32"))
+register_model("mqar-gla-d64", **_mqar("mqar-gla-d64"))(_factory("mqar-gla-d64"))
+register_model("mqar-gla-d128", **_mqar("mqar-gla-d128"))(_factory("mqar-gla-d128"))
+register_model("mqar-gla-d256", **_mqar("mqar-gla-d256"))(_factory("mqar-gla-d256"))
+register_model("mqar-swa-w16-d64", **_mqar("mqar-swa-w16-d64"))(_factory("mqar-swa-w16-d64"))
+register_model("mqar-swa-w64-d64", **_mqar("mqar-swa-w64-d64"))(_factory("mqar-swa-w64-d64"))
+register_model("mqar-swa-w256-d64", **_mqar("mqar-swa-w256-d64"))(_factory("mqar-swa-w256-d64"))

@@ -9,7 +9,12 @@ import torch
 from evalkit.model_adapters.gla.checkpoint import build_model, load_checkpoint, save_checkpoint
 from evalkit.model_adapters.gla.config import GLAConfig
 
-torch.set_grad_enabled(False)
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
 
 
 def twin(mixer: str, d: int = 32, window: int | None = None, **kw) -> GLAConfig:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from evalkit.yamlfile import read_yaml
+from evalkit.yamlfile import read_typed
 
 
 def add_parser(sub) -> None:
@@ -27,16 +25,7 @@ def add_parser(sub) -> None:
 def load_family(path: str):
     from evalkit.training.mqar import MQARFamily
 
-    p = Path(path)
-    raw = read_yaml(p, ValueError, "training config")
-    if not isinstance(raw, dict):
-        raise ValueError(f"{p}: expected a mapping (train_mix, test_mix, models, ...), got "
-                         f"{type(raw).__name__}")
-    try:
-        return MQARFamily.model_validate(raw)
-    except ValidationError as e:
-        lines = [f"{p}: key {'.'.join(map(str, err['loc']))!r}: {err['msg']}" for err in e.errors()]
-        raise ValueError("\n".join(lines)) from None
+    return read_typed(path, MQARFamily, "training config")
 
 
 def run(args) -> int:
