@@ -48,8 +48,7 @@ class Setting(BaseModel):
 
 class Member(BaseModel):
     """One twin. mixer: gla (2 heads, expand_k 0.5, expand_v 1 as Based), attn (softmax with
-    a KV cache), swa (sliding-window attention of `window` tokens). `published`: the key of
-    the published point this member reproduces (configs/published), if any."""
+    a KV cache), swa (sliding-window attention of `window` tokens)."""
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
     mixer: Literal["gla", "attn", "swa"]
@@ -61,7 +60,6 @@ class Member(BaseModel):
     lrs: tuple[float, ...] | None = Field(default=None, min_length=1, max_length=8)
     steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
     minutes: float = Field(default=30.0, gt=0, le=600)   # cap of the final run
-    published: str | None = None
 
     @model_validator(mode="after")
     def _window(self) -> "Member":

@@ -21,13 +21,12 @@ def member_card(fam: MQARFamily, m: Member, log: dict) -> str:
     by = log["evals"][-1]["by_setting"] if log["evals"] else {}
     settings = " / ".join(f"{k} {v:.2f}" for k, v in by.items())
     mix = ", ".join(f"({s.length}, {s.load}) x{s.count:,}" for s in fam.train_mix)
-    pub = f"\nPublished point it reproduces: `{m.published}` (configs/published).\n" if m.published else ""
     return f"""# {m.name}
 
 A two-layer MQAR twin trained here on CPU with the Based protocol: layer 0 a gated short
 convolution (kernel {fam.conv_kernel}), layer 1 **{what}**, width {m.d}, no MLP, tied
 embeddings, vocabulary 8,192 (model_adapters/mqar/tokenizer). Twins differ only in layer 1.
-{pub}
+
 | figure | value |
 | --- | --- |
 | parameters | {log['params']:,} |
