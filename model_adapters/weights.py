@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterable
 
 from evalkit import atomic
+from evalkit.digest import sha256_file
 
 _lock = threading.Lock()
 _memo: dict[str, str] = {}
@@ -34,11 +35,7 @@ def file_sha256(path: str | os.PathLike) -> str:
         known = {}
     digest = known.get(key)
     if digest is None:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-        digest = h.hexdigest()
+        digest = sha256_file(p)
         known[key] = digest
         try:
             atomic.write_json(store, known)

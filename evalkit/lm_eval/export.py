@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from evalkit import atomic, scoring
+from evalkit.digest import sha256_file
 
 MANIFEST = "evalkit_export.json"
 WRITTEN_BY = "evalkit lm-eval-export"
@@ -140,10 +141,6 @@ def _version_number(version: str) -> float:
         return 1.0
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _owned_files(out: Path) -> dict[str, set[str]]:
     """{relative path: accepted sha256s} of the files an export wrote into `out` ({} if none).
     Raises ValueError if evalkit_export.json is there but is not an export's manifest."""
@@ -176,7 +173,7 @@ def _check_out(out: Path, planned: Sequence[str]) -> dict[str, str]:
         path = out / rel
         if not path.exists() and not path.is_symlink():
             continue
-        sha = _sha256(path) if path.is_file() and not path.is_symlink() else ""
+        sha = sha256_file(path) if path.is_file() and not path.is_symlink() else ""
         if sha not in owned.get(rel, ()):
             why = "changed since evalkit wrote it" if rel in owned else "not written by evalkit"
             raise ValueError(f"{path}: exists and was {why}; the export never replaces or "

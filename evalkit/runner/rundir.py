@@ -20,7 +20,6 @@ before evaluating anything is removed again, so the same --output works once the
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from evalkit import atomic
+from evalkit.digest import sha256_file
 
 CONFIG, PROVENANCE, SAMPLES, RESULTS = "config.json", "provenance.json", "samples.jsonl", "results.json"
 PROBES, EXECUTION, CACHE, DONE = "probes.jsonl", "execution.json", "cache", "DONE"
@@ -205,11 +205,7 @@ def finish(path: Path, *, samples: Iterable[dict], results: dict, provenance: di
 
 def output_sums(path: Path) -> dict[str, str]:
     """The checksums DONE records: a reader refuses a file changed after the run finished."""
-    return {name: _sha256(path / name) for name in SUMMED}
-
-
-def _sha256(f: Path) -> str:
-    return hashlib.sha256(f.read_bytes()).hexdigest()
+    return {name: sha256_file(path / name) for name in SUMMED}
 
 
 def check_output_sums(path: Path, done: dict) -> None:
@@ -225,7 +221,7 @@ def check_output_sums(path: Path, done: dict) -> None:
                           f"`evalkit run --resume {path}`")
     for name in SUMMED:
         f, want = path / name, sums[name]
-        if not f.is_file() or _sha256(f) != want:
+        if not f.is_file() or sha256_file(f) != want:
             raise RunDirError(f"{f}: not the file the run wrote (gone, or its sha256 differs "
                               f"from the one in {path / DONE}): corrupt or hand-edited; rebuild "
                               f"it with `evalkit run --resume {path}`")

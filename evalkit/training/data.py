@@ -28,14 +28,14 @@ TRAIN_SEED_BASE = EVAL_SEED_MASK + 1  # 2^31
 
 
 @dataclass(frozen=True)
-class Sequence_:
+class TrainingSequence:
     ids: tuple[int, ...]
     answer_mask: tuple[bool, ...]  # True where the target token is part of an answer
     length: int                    # the probe's target length (batches group by it)
 
 
 def training_sequence(spec: TaskSpec, tokenizer: Any, *, length: int, depth: float, load: int,
-                      seed: int) -> Sequence_:
+                      seed: int) -> TrainingSequence:
     """A probe in evaluation format followed by gold answers.
 
     When every question follows the whole context (multi-query probes), all of them are
@@ -59,11 +59,11 @@ def training_sequence(spec: TaskSpec, tokenizer: Any, *, length: int, depth: flo
         answer = continuation_ids(tokenizer, ", ".join(probe.questions[qi].gold)) + newline
         ids += list(r.questions[qi]) + answer
         mask += [False] * len(r.questions[qi]) + [True] * len(answer)
-    return Sequence_(tuple(ids), tuple(mask), length)
+    return TrainingSequence(tuple(ids), tuple(mask), length)
 
 
 def make_pool(specs: Sequence[TaskSpec], tokenizer: Any, *, lengths: Sequence[int],
-              loads: dict[str, Sequence[int]], n: int, seed_offset: int = 0) -> list[Sequence_]:
+              loads: dict[str, Sequence[int]], n: int, seed_offset: int = 0) -> list[TrainingSequence]:
     """n sequences cycling over tasks; length, depth and load drawn from a seeded RNG."""
     rng = random.Random(seed_offset)
     pool = []
@@ -81,7 +81,7 @@ def make_pool(specs: Sequence[TaskSpec], tokenizer: Any, *, lengths: Sequence[in
     return pool
 
 
-def batch(seqs: Sequence[Sequence_], seq_len: int, pad_id: int, answer_weight: float,
+def batch(seqs: Sequence[TrainingSequence], seq_len: int, pad_id: int, answer_weight: float,
           context_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-pad to seq_len. Returns inputs [B, T], targets [B, T], weights [B, T]."""
     B = len(seqs)
