@@ -24,9 +24,9 @@ and evaluation probes come from one generator.
 
 As an evalkit task (`generate`, tasks/mqar.yaml) a probe is row 0 of `mqar_batch(1, ...)` at the
 grid point's seed, written in the symbols of model_adapters/mqar/tokenizer (`symbol`: id 0 "_",
-keys "k<id>", values "v<id>"; one token each, id i <-> symbol i). The example above, in
-symbols (vocabulary 8,192 in the task), is streamed as context segments that each end at a
-query key, one question per segment with empty text and prefix:
+keys "k<id>", values "v<id>"; one token each, id i <-> symbol i). The example above, in the
+symbols of its vocabulary of 16 (the task's is 8,192), streams as context segments that each
+end at a query key, one question per segment with empty text and prefix:
 
     segment 0: "k3 v12 k6 v9 _ _ k6"   question 0 (after_segment 1): gold "v9"
     segment 1: "_ _ _ _ _ k3"          question 1 (after_segment 2): gold "v12"
@@ -160,21 +160,8 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
     kit.check_grid_point(length, depth, load)
     check_shape(length, load, VOCAB_SIZE)
     ids, targets = mqar_batch(1, length, load, seed=seed, power_a=params.power_a)
-    ids, targets = ids[0], targets[0]
-    words = symbols(VOCAB_SIZE)
-    pos = np.flatnonzero(targets != IGNORE)                   # query positions, ascending
-    ends = [*(int(p) + 1 for p in pos), length]
-    starts = [0, *ends[:-1]]
-    segments = [" ".join(words[t] for t in ids[a:b]) for a, b in zip(starts, ends) if b > a]
-    _check_tokenizer(tokenizer, segments, ids)
-    fact = {int(k): 2 * j for j, k in enumerate(ids[0:2 * load:2])}  # key -> its pair's offset
-    questions = []
-    for j, p in enumerate(int(x) for x in pos):
-        f = fact[int(ids[p])]
-        questions.append(Question(text="", answer_prefix="", gold=(words[targets[p]],),
-                                  after_segment=j + 1, depth=f / length, fact_token=f,
-                                  distance=p - f, max_new_tokens=1,
-                                  kind=MQAR_QUESTION))
+    segments, questions = stream(ids[0], targets[0], load)
+    _check_tokenizer(tokenizer, segments, ids[0])
     meta = ProbeMeta(target_length=length, actual_length=length, tolerance=0,
                      depth=float(depth), load=load, seed=seed,
                      tokenizer_hash=tokenizer_hash(tokenizer),
@@ -182,6 +169,26 @@ def generate(params: Params, *, task: str, version: str, tokenizer: Any, length:
     return Probe(id=kit.probe_id(task, length, depth, load, seed), task=task,
                  task_version=version, context=tuple(Segment(t) for t in segments),
                  questions=tuple(questions), meta=meta)
+
+
+def stream(ids: np.ndarray, targets: np.ndarray, load: int,
+           vocab_size: int = VOCAB_SIZE) -> tuple[list[str], list[Question]]:
+    """One example's context segments (each ends at a query key; then the tail) and its
+    questions (one per query, asked after its segment), as in the module doc's example."""
+    length = len(ids)
+    pos = np.flatnonzero(targets != IGNORE)                   # query positions, ascending
+    ends = [*(int(p) + 1 for p in pos), length]
+    starts = [0, *ends[:-1]]
+    words = symbols(vocab_size)
+    segments = [" ".join(words[t] for t in ids[a:b]) for a, b in zip(starts, ends) if b > a]
+    fact = {int(k): 2 * j for j, k in enumerate(ids[0:2 * load:2])}  # key -> its pair's offset
+    questions = []
+    for j, p in enumerate(int(x) for x in pos):
+        f = fact[int(ids[p])]
+        questions.append(Question(text="", answer_prefix="", gold=(words[targets[p]],),
+                                  after_segment=j + 1, depth=f / length, fact_token=f,
+                                  distance=p - f, max_new_tokens=1, kind=MQAR_QUESTION))
+    return segments, questions
 
 
 def _check_tokenizer(tokenizer: Any, segments: list[str], ids: np.ndarray) -> None:
