@@ -13,6 +13,10 @@ from scipy import stats
 
 from evalkit import scoring
 from evalkit.cli import main
+from evalkit.leaderboard.load import load_run
+from evalkit.leaderboard.recall_state import (BASED_TEST_MIX, PublishedError, comparison_markdown,
+                                              load_published, mqar_points, published_comparison,
+                                              published_keys, recall_state_plot)
 from evalkit.render import probe_length, render
 from evalkit.result import SampleResult
 from evalkit.runner import aggregate
@@ -194,19 +198,26 @@ seed: 0
     return cfg
 
 
-def test_oracle_recalls_everything_and_forgetful_less_through_evalkit_run(tmp_path):
-    opts = f"{{tokenizer: {TOKENIZER}}}"
-    cfg = _suite(tmp_path, f"[{{name: oracle, options: {opts}}}, "
-                           f"{{name: forgetful, options: {{tokenizer: {TOKENIZER}, capacity: 64}}}}]")
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    """oracle and a forgetful copier (64 memory entries) through `evalkit run` on two cells."""
+    tmp = tmp_path_factory.mktemp("mqar-e2e")
+    cfg = _suite(tmp, f"[{{name: oracle, options: {{tokenizer: {TOKENIZER}}}, published: attention}}, "
+                      f"{{name: forgetful, options: {{tokenizer: {TOKENIZER}, capacity: 64}}, "
+                      f"published: gla-d64}}]")
+    out = tmp / "run"
     assert main(["run", "--config", str(cfg), "--output", str(out), "--no-progress"]) == 0
-    res = json.loads((out / "results.json").read_text())
+    return out
+
+
+def test_oracle_recalls_everything_and_forgetful_less_through_evalkit_run(e2e):
+    res = json.loads((e2e / "results.json").read_text())
     acc = {(r["model"], r["load"]): r["metrics"][scoring.MQAR_METRIC] for r in res["rows"]}
     assert acc[("oracle", 4)]["mean"] == acc[("oracle", 64)]["mean"] == 1.0
     assert acc[("oracle", 64)]["n"] == 128 and acc[("oracle", 64)]["n_probes"] == 2
     assert acc[("forgetful", 64)]["mean"] < 0.5, acc
     # one prefill per probe, streamed: tokens fed = per probe, its last query's position + 1
-    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    samples = [json.loads(x) for x in (e2e / "samples.jsonl").read_text().splitlines()]
     last = {}
     for s in samples:
         last[(s["model"], s["probe_id"])] = max(last.get((s["model"], s["probe_id"]), 0),
@@ -214,6 +225,54 @@ def test_oracle_recalls_everything_and_forgetful_less_through_evalkit_run(tmp_pa
     fed = {p["model"]: p["tokens_prefilled"] for p in res["prefill"]["by_model_task"]}
     assert fed["oracle"] == sum(v for (m, _), v in last.items() if m == "oracle")
     assert {r["state_kind"] for r in res["rows"]} == {"memory"}
+    assert res["models"]["forgetful"]["published"] == "gla-d64"
+
+
+# -- the board: accuracy vs state bytes next to the published points ---------------------------
+
+PUBLISHED = REPO / "configs" / "published" / "based_mqar.yaml"
+
+
+def test_published_points_load_and_bad_files_name_the_field(tmp_path):
+    pub = load_published(PUBLISHED)
+    assert [p.key for p in pub.points] == ["gla-d64", "gla-d128", "gla-d256", "attention"]
+    assert pub.get("gla-d128").accuracy == 0.77 and pub.get("gla-d256").state_bytes == 68600
+    assert [tuple(c) for c in pub.test_mix] == list(BASED_TEST_MIX)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(PUBLISHED.read_text().replace("accuracy: 0.77", "accuracy: 1.7"))
+    with pytest.raises(PublishedError, match=r"bad.yaml: field points.1.accuracy: .*1.7"):
+        load_published(bad)
+    bad.write_text(PUBLISHED.read_text().replace('source: "2402.18668"', 'source: "2402.1"', 1))
+    with pytest.raises(PublishedError, match=r"points.0.source"):
+        load_published(bad)
+
+
+def test_plot_and_table_from_a_real_run(e2e, tmp_path):
+    run = load_run(e2e)
+    cells = [(64, 4), (256, 64)]
+    pts = mqar_points(run.samples, cells=cells)
+    assert list(pts["model"]) == ["forgetful", "oracle"]
+    oracle = pts.set_index("model").loc["oracle"]
+    assert oracle["accuracy"] == oracle["lo"] == oracle["hi"] == 1.0 and oracle["n_probes"] == 5
+    f = pts.set_index("model").loc["forgetful"]
+    assert f["lo"] <= f["accuracy"] <= f["hi"] and f["accuracy"] < 1.0
+    assert f["per_cell"]["64/4"] == pytest.approx(  # equal weight per cell
+        2 * f["accuracy"] - f["per_cell"]["256/64"])
+    assert mqar_points(run.samples).empty  # the full Based mix was not run: no point
+    pub = load_published(PUBLISHED)
+    keys = published_keys(run.models)
+    assert keys == {"oracle": "attention", "forgetful": "gla-d64"}
+    table = published_comparison(pts, pub, keys)
+    row = table.set_index("model").loc["forgetful"]
+    assert row["published_accuracy"] == 0.53
+    assert row["difference"] == pytest.approx(f["accuracy"] - 0.53)
+    md = comparison_markdown(table)
+    assert "| forgetful | gla-d64 |" in md and "≈ 0.53" in md and "arXiv 2402.18668" in md
+    with pytest.raises(ValueError, match="'gla-d512' is not in based-mqar"):
+        published_comparison(pts, pub, {"oracle": "gla-d512"})
+    png = recall_state_plot(pts, pub, tmp_path / "plots" / "mqar.png")
+    assert png is not None and png.stat().st_size > 10_000
+    assert recall_state_plot(pts.iloc[0:0], pub, tmp_path / "none.png") is None
 
 
 def test_suite_cells_are_checked(tmp_path):

@@ -90,6 +90,9 @@ class ModelEntry(BaseModel):
     name: str = Field(min_length=1)       # how results name it
     spec: str | None = None               # what load_model gets; defaults to `name`
     options: dict[str, Any] = Field(default_factory=dict)
+    # the published result this model reproduces (a key of configs/published/*.yaml, e.g.
+    # "gla-d64"); recorded in results.json, never hashed: it changes no answer
+    published: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]*$")
 
     @property
     def load_spec(self) -> str:
@@ -221,6 +224,7 @@ class ResolvedModel:
     name: str
     spec: str
     options: dict
+    published: str | None = None
 
 
 @dataclass(frozen=True)
@@ -362,7 +366,7 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
         spec = _expand(m.load_spec, source, f"models.{i}.spec")
         options = _expand(dict(m.options), source, f"models.{i}.options")
         _check_model(spec, source, i, m.name)
-        models.append(ResolvedModel(m.name, spec, options))
+        models.append(ResolvedModel(m.name, spec, options, m.published))
 
     try:
         registry = discover(suite.include)
