@@ -304,10 +304,11 @@ MQAR_METRIC = "mqar_accuracy"  # Zoology's accuracy (the leaderboard's MQAR plot
 @metric(MQAR_METRIC, kind=GENERATION, recall_rank=-1, question_kinds=(MQAR_QUESTION,),
         per_probe=True)
 def mqar_accuracy(prediction: str, gold: Sequence[str]) -> float:
-    """Zoology's MQAR accuracy: per query 1 if the generated symbol is the value; a cell's
-    value is the mean over probes (examples) of each probe's share right (`zoology_accuracy`).
+    """Zoology's MQAR accuracy: each probe's share of queries right, averaged over probes.
 
-    Scores only MQAR queries (one token generated; whitespace around it ignored).
+    Per query (MQAR questions only): 1 if the one generated symbol is the value, whitespace
+    around it ignored. A cell's value is the mean over probes of each probe's share
+    (`zoology_accuracy`), its interval a bootstrap over probes (evalkit.runner.aggregate).
 
     >>> mqar_accuracy("v4565", ["v4565"]), mqar_accuracy(" v4565", ["v456"])
     (1.0, 0.0)

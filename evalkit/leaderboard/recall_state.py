@@ -247,3 +247,20 @@ def comparison_markdown(table: pd.DataFrame) -> str:
             f"{r['difference']:+.3f} | {fmt_bytes(r['ours_state_bytes'])} | "
             f"{fmt_bytes(r['published_state_bytes'])} | arXiv {r['source']} |")
     return head + "\n".join(lines) + ("\n" if lines else "")
+
+
+# -- the board's hook (evalkit.leaderboard.publish.draw_plots) -------------------------------
+
+SECTION = "MQAR: accuracy vs. state bytes, beside the published points"
+DEFAULT_PUBLISHED = Path(__file__).resolve().parents[2] / "configs" / "published" / "based_mqar.yaml"
+
+
+def board_figure(samples: pd.DataFrame, path: Path,
+                 published_path: Path = DEFAULT_PUBLISHED) -> Path | None:
+    """The headline plot of a board whose runs hold the whole Based test mix of `mqar` (None
+    otherwise). The published points are drawn when the file is there (a source checkout)."""
+    points = mqar_points(samples)
+    if points.empty:
+        return None
+    published = load_published(published_path) if published_path.is_file() else None
+    return recall_state_plot(points, published, path)
