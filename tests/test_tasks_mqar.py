@@ -286,3 +286,40 @@ def test_suite_cells_are_checked(tmp_path):
     assert [(c.length, c.load, c.samples) for c in task.cells] == [
         (L, n, -(-1000 // n)) for L, n in [(64, 4), (64, 8), (64, 16), (128, 32), (256, 64),
                                            (512, 128), (1024, 256), (2048, 512), (4096, 1024)]]
+
+
+def test_a_gla_checkpoint_reads_each_query_where_it_occurs(tmp_path):
+    """The lead's checkpoints load through the gla adapter with this tokenizer: a random
+    (peaked) GLA of vocabulary 8,192 answers every query through `evalkit run`'s one streamed
+    prefill exactly as it answers the query's own prefix prefilled from scratch."""
+    import shutil
+
+    from evalkit.model_adapters.gla.config import GLAConfig
+    from evalkit.models import load_model
+
+    from helpers import save_peaked_gla
+
+    folder = tmp_path / "gla-mqar"
+    folder.mkdir()
+    for f in TOKENIZER.iterdir():
+        shutil.copy(f, folder / f.name)
+    cfg = GLAConfig(vocab_size=8192, hidden_size=32, num_heads=2, num_hidden_layers=2,
+                    use_short_conv=True)
+    save_peaked_gla(cfg, folder, 10)
+    spec = f"gla:{folder}"
+    cfg_file = tmp_path / "suite.yaml"
+    cfg_file.write_text(f"name: t\nmodels: [{{name: g, spec: '{spec}', options: "
+                        f"{{chunk_size: 16}}}}]\ntasks:\n  - {{name: mqar, cells: "
+                        f"[{{length: 64, load: 4, samples: 2}}, {{length: 128, load: 16, samples: 1}}]}}\n")
+    out = tmp_path / "run"
+    assert main(["run", "--config", str(cfg_file), "--output", str(out), "--no-progress"]) == 0
+    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 * 4 + 16 and all(s["error"] is None for s in samples)
+    model = load_model(spec, chunk_size=16)
+    words = set(mqar.symbols())
+    for s in samples:
+        assert s["prediction"] in words  # one symbol, one token
+        ids, _ = mqar.mqar_batch(1, s["target_length"], s["load"], seed=s["seed"])
+        prefix = ids[0][:s["prompt_tokens"]].tolist()
+        alone = model.generate(model.prefill(prefix), 1)
+        assert s["prediction"] == alone, s
