@@ -14,7 +14,8 @@ from scipy import stats
 from evalkit import scoring
 from evalkit.cli import main
 from evalkit.leaderboard.load import load_run
-from evalkit.leaderboard.recall_state import (BASED_TEST_MIX, PublishedError, comparison_markdown,
+from evalkit.leaderboard.recall_state import (BASED_TEST_MIX, PublishedError, board_figure,
+                                              board_table, comparison_markdown,
                                               load_published, mqar_points, published_comparison,
                                               published_keys, recall_state_plot)
 from evalkit.render import probe_length, render
@@ -273,6 +274,9 @@ def test_plot_and_table_from_a_real_run(e2e, tmp_path):
     png = recall_state_plot(pts, pub, tmp_path / "plots" / "mqar.png")
     assert png is not None and png.stat().st_size > 10_000
     assert recall_state_plot(pts.iloc[0:0], pub, tmp_path / "none.png") is None
+    # the board's README hook: no complete Based mix here, so a note instead of the table
+    assert board_figure(run.samples, tmp_path / "b.png") is None
+    assert "No model here names a published point" in board_table(run.samples, run.models)
 
 
 def test_suite_cells_are_checked(tmp_path):

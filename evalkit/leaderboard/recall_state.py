@@ -264,3 +264,20 @@ def board_figure(samples: pd.DataFrame, path: Path,
         return None
     published = load_published(published_path) if published_path.is_file() else None
     return recall_state_plot(points, published, path)
+
+
+def board_table(samples: pd.DataFrame, identities: Mapping[str, Mapping],
+                published_path: Path = DEFAULT_PUBLISHED) -> str:
+    """The README's comparison under the headline plot: each model whose identity names a
+    published point (suite key `published`) beside that point; a note when none does."""
+    if not published_path.is_file():
+        return ""
+    points = mqar_points(samples)
+    keys = {m: k for m, k in published_keys(identities).items() if m in set(points["model"])}
+    if not keys:
+        return ("No model here names a published point (give its suite entry "
+                "`published: <key>`, keys in configs/published/based_mqar.yaml).\n\n")
+    table = published_comparison(points, load_published(published_path), keys)
+    return ("Ours next to the published values (Zoology's accuracy, mean over the Based test "
+            "mix; ≈: read off the paper's figure; our interval: bootstrap over probes):\n\n"
+            + comparison_markdown(table) + "\n")
