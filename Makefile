@@ -34,8 +34,11 @@ standard: setup
 	$(BIN)/evalkit run --config configs/standard-cpu.yaml --output runs/standard-cpu --resume
 	$(BIN)/evalkit publish runs/standard-cpu --to leaderboard/ $(addprefix --gap ,$(GAPS))
 
-train-capacity: setup  # replaces the family's checkpoints in model_adapters/tiny (git shows it)
-	$(BIN)/evalkit train-tiny --config configs/train_capacity.yaml --out model_adapters/tiny
+# The MQAR mixer twins (configs/train_mqar.yaml): resumable, a member already trained by its
+# recipe is skipped, so the family can be trained in parts (ONLY="name ..." for some members).
+train-capacity: setup
+	$(BIN)/evalkit train-mqar --config configs/train_mqar.yaml --out model_adapters/mqar \
+	    $(addprefix --only ,$(ONLY))
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -40,6 +40,7 @@ BUILTIN_MODULES = (
     "evalkit.model_adapters.gla_adapter",
     "evalkit.model_adapters.softmax",
     "evalkit.model_adapters.embedded",
+    "evalkit.model_adapters.mqar_models",
 )
 
 

@@ -36,3 +36,18 @@ def read_yaml(path: str | os.PathLike, error: type[Exception], what: str) -> Any
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise error(f"{path}: malformed YAML: {e}") from None
+
+
+def read_typed(path: str | os.PathLike, model: Any, what: str) -> Any:
+    """A YAML mapping validated by the pydantic `model`; every error names the file and key."""
+    from pydantic import ValidationError
+
+    path = Path(path)
+    raw = read_yaml(path, ValueError, what)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a {what} is a mapping of keys, got {type(raw).__name__}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise ValueError("\n".join(f"{path}: key {'.'.join(map(str, err['loc']))!r}: {err['msg']}"
+                                   for err in e.errors())) from None

@@ -143,8 +143,7 @@ def smollm2_135m(path: str | None = None, **options: Any) -> SoftmaxAdapter:
 
 # ---------------------------------------------------------------------------------------------
 # Models trained here by `evalkit train-tiny` (weights as package data under model_adapters/tiny):
-# the matched pair (configs/train_tiny.yaml) and the capacity family (configs/train_capacity.yaml;
-# a family name whose checkpoint is not trained yet fails to load with that message).
+# the matched pair (configs/train_tiny.yaml). The MQAR twins are in mqar_models.py.
 # A recurrent model has no context window: it runs at any length and records its trained
 # length, so results beyond it can be marked. A softmax model keeps its trained length as its
 # positional range (max_length): longer prompts are flagged over-length.
@@ -155,11 +154,6 @@ TINY_MODELS = {
                                "recall-softmax-tiny"),
     "recall-softmax-tiny": ("softmax", "tiny Llama trained here on the same data/steps/optimizer "
                                        "as recall-gla-tiny"),
-    "recall-gla-6k": ("gla", "capacity family: GLA with a 6.5 KiB recurrent state (d_k 8)"),
-    "recall-gla-21k": ("gla", "capacity family: GLA with a 21 KiB recurrent state (d_k 16)"),
-    "recall-gla-72k": ("gla", "capacity family: GLA with a 72 KiB recurrent state (d_k 64)"),
-    "recall-gla-140k": ("gla", "capacity family: GLA with a 140 KiB recurrent state (d_k 128)"),
-    "recall-softmax-cap": ("softmax", "capacity family: the softmax twin of the family's GLAs"),
 }
 
 
@@ -167,8 +161,7 @@ def _tiny_folder(name: str) -> Path:
     folder = TINY_DIR / name
     if not (folder / "model.safetensors").is_file():
         raise FileNotFoundError(f"{name}: checkpoint {folder} is missing; re-create it with "
-                                f"`evalkit train-tiny` (the pair: configs/train_tiny.yaml, the "
-                                f"capacity family: configs/train_capacity.yaml)")
+                                f"`evalkit train-tiny --config configs/train_tiny.yaml`")
     return folder
 
 
@@ -205,9 +198,6 @@ def _tiny_factory(name: str):
 
 def _tiny_describe(name: str, kind: str):
     def describe(n_tokens: int) -> dict:
-        if not (TINY_DIR / name / "model.safetensors").is_file():  # a family not trained yet
-            return {"note": "not trained yet: evalkit train-tiny --config "
-                            "configs/train_capacity.yaml"}
         trained = tiny_trained_length(name)
         if kind == "gla":
             return {**describe_config(_tiny_folder(name) / "config.json", "fp32"),
@@ -230,9 +220,3 @@ def _tiny(name: str) -> dict:
 register_model("recall-gla-tiny", **_tiny("recall-gla-tiny"))(_tiny_factory("recall-gla-tiny"))
 register_model("recall-softmax-tiny", **_tiny("recall-softmax-tiny"))(
     _tiny_factory("recall-softmax-tiny"))
-register_model("recall-gla-6k", **_tiny("recall-gla-6k"))(_tiny_factory("recall-gla-6k"))
-register_model("recall-gla-21k", **_tiny("recall-gla-21k"))(_tiny_factory("recall-gla-21k"))
-register_model("recall-gla-72k", **_tiny("recall-gla-72k"))(_tiny_factory("recall-gla-72k"))
-register_model("recall-gla-140k", **_tiny("recall-gla-140k"))(_tiny_factory("recall-gla-140k"))
-register_model("recall-softmax-cap", **_tiny("recall-softmax-cap"))(
-    _tiny_factory("recall-softmax-cap"))

@@ -33,6 +33,7 @@ from evalkit.model_adapters.gla.device import resolve_device
 from evalkit.model_adapters.gla.model import GLAState
 from evalkit.model_adapters.weights import weights_hash
 from evalkit.models import register_model
+from evalkit.state_kind import StateBytes
 from evalkit.tokenization import load_tokenizer, tokenizer_hash
 
 LAPLACE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "models" / "laplace-3b.json"
@@ -47,7 +48,6 @@ class GLASequence:
 
 
 class GLAAdapter:
-    state_kind = "recurrent"
 
     def __init__(self, path: str, *, name: str | None = None, device: str = "cpu", dtype: str = "fp32",
                  chunk_size: int = 128, max_length: int | None = None, prefill_segment: int = 2048,
@@ -85,10 +85,21 @@ class GLAAdapter:
         lengths = tuple(length_buckets) if length_buckets else (chunk_size, 4 * chunk_size,
                                                                  16 * chunk_size)
         self.buckets = BucketSpec(tuple(batch_buckets), lengths)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.runner = BucketedRunner(self.model, self.buckets, compile=self.compiled and not lazy,
-                                     backend=compile_backend or "inductor", pad_id=pad, device=device,
-                                     sync=xla.sync if lazy else None)
+        # What the state holds (recurrent, kv, hybrid, ...), from the config's layers.
+        self.state_kind = self.config.state_kind
+        # The bucketed runner batches padded rows; a KV cache cannot take padding, so models
+        # with attention layers run eagerly, one sequence at a time.
+        self.runner = None
+        if set(self.config.mixers) == {"gla"}:
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            self.runner = BucketedRunner(self.model, self.buckets,
+                                         compile=self.compiled and not lazy,
+                                         backend=compile_backend or "inductor", pad_id=pad,
+                                         device=device, sync=xla.sync if lazy else None)
+        elif self.compiled:
+            raise ValueError(f"{self.name}: compile / device {device!r} runs models of GLA layers "
+                             f"only; this one has {', '.join(sorted(set(self.config.mixers)))} "
+                             f"layers (use device cpu or cuda, compile false)")
 
     def _config_int(self, keys: Sequence[str]) -> int | None:
         path = self.path / "config.json"
@@ -135,6 +146,8 @@ class GLAAdapter:
         for i, ids in enumerate(batch):
             if len(ids) == 0:
                 raise ValueError(f"{self.name}: prompt {i} of the batch is empty")
+        if self.runner is None:
+            return [self._advance(None, ids) for ids in batch]
         res = self.runner.run([(None, None, list(ids)) for ids in batch])
         return [GLASequence(s, lg, len(ids)) for (lg, s), ids in zip(res, batch)]
 
@@ -192,13 +205,17 @@ class GLAAdapter:
     def state_bytes(self, state: GLASequence) -> int:
         return state.state.nbytes()
 
+    def state_parts(self, state: GLASequence) -> StateBytes:
+        """`state_bytes` split into fixed / window / growing parts (evalkit.state_kind)."""
+        return state.state.parts()
+
     def state_tensors(self, state: GLASequence) -> list[torch.Tensor]:
         """The tensors `state_bytes` counts: per layer S [1, H, d_k, d_v] and the conv tails."""
         return state.state.tensors()
 
     def state_bytes_at(self, n_tokens: int) -> int:
-        """Analytic state size after n_tokens (the same for every length; fp32 state)."""
-        return self.config.state_bytes(torch.float32)
+        """Analytic state size after n_tokens (fp32 state; a recurrent one never grows)."""
+        return self.config.state_bytes(torch.float32, context=n_tokens)
 
     def identity(self) -> dict:
         return {"name": self.name, "kind": "gla", "state_kind": self.state_kind,
@@ -213,10 +230,11 @@ class GLAAdapter:
         return self.model.num_parameters()
 
 
-def describe_config(config: Path, state_dtype: str, max_length: int | None = None) -> dict:
+def describe_config(config: Path, state_dtype: str, max_length: int | None = None,
+                    n_tokens: int = 1) -> dict:
     """`evalkit models` figures of a GLA config, without weights."""
     cfg = GLAConfig.from_json(config)
-    return {"parameters": cfg.param_count(), "state_bytes": cfg.state_bytes(state_dtype),
+    return {"parameters": cfg.param_count(), "state_bytes": cfg.state_bytes(state_dtype, n_tokens),
             "dtype": dtype_name(state_dtype), "max_length": max_length}
 
 

@@ -17,6 +17,7 @@ COMMANDS = {
     "publish": "evalkit.cli.publish",
     "compare": "evalkit.cli.compare",
     "train-tiny": "evalkit.cli.train",
+    "train-mqar": "evalkit.cli.train_mqar",
     "lm-eval-export": "evalkit.cli.lm_eval_export",
 }
 

@@ -4,8 +4,8 @@
     evalkit train-tiny --config configs/train_capacity.yaml --out model_adapters/tiny
 
 The first writes the matched pair `recall-gla-tiny/` (fla checkpoint format) and
-`recall-softmax-tiny/` (transformers Llama); a config with `models:` trains a capacity family
-(evalkit.training.family), one folder per member. Each folder holds the shared tokenizer, a
+`recall-softmax-tiny/` (transformers Llama); the MQAR twins train with `evalkit train-mqar`.
+Each folder holds the shared tokenizer, a
 README.md model card, loss.png and train_log.json; nothing else under --out is touched.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from evalkit.yamlfile import read_yaml
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train-tiny",
-                       help="train the tiny GLA/softmax pair or a capacity family (CPU)")
+                       help="train the tiny GLA/softmax pair (CPU)")
     p.add_argument("--config", default="configs/train_tiny.yaml")
     p.add_argument("--out", default="model_adapters/tiny",
                    help="folder for the model folders (other files there are kept)")
@@ -28,7 +28,6 @@ def add_parser(sub) -> None:
 
 
 def load_config(path: str):
-    from evalkit.training.family import FamilyConfig
     from evalkit.training.train import TrainConfig
 
     p = Path(path)
@@ -39,7 +38,7 @@ def load_config(path: str):
     if isinstance(raw, dict) and "include" in raw:  # task folders are relative to the config
         raw["include"] = [str((p.parent / d).resolve()) for d in raw["include"]]
     try:
-        return (FamilyConfig if "models" in raw else TrainConfig).model_validate(raw)
+        return TrainConfig.model_validate(raw)
     except ValidationError as e:
         lines = [f"{p}: key {'.'.join(map(str, err['loc']))!r}: {err['msg']}" for err in e.errors()]
         raise ValueError("\n".join(lines)) from None
@@ -48,14 +47,12 @@ def load_config(path: str):
 def run(args) -> int:
     from evalkit.model_adapters.reference import DEFAULT_TOKENIZER
     from evalkit.tokenization import load_tokenizer
-    from evalkit.training.family import FamilyConfig
-    from evalkit.training.save import train_and_write_family, train_and_write_pair
+    from evalkit.training.save import train_and_write_pair
 
     cfg = load_config(args.config)
     tok_path = args.tokenizer or str(DEFAULT_TOKENIZER.relative_to(Path.cwd())
                                      if DEFAULT_TOKENIZER.is_relative_to(Path.cwd())
                                      else DEFAULT_TOKENIZER)
     tokenizer = load_tokenizer(tok_path)
-    write = train_and_write_family if isinstance(cfg, FamilyConfig) else train_and_write_pair
-    write(cfg, tokenizer, Path(args.out), tok_path, args.config)
+    train_and_write_pair(cfg, tokenizer, Path(args.out), tok_path, args.config)
     return 0

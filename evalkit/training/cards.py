@@ -1,7 +1,6 @@
 """Model cards of `evalkit train-tiny`: what each checkpoint is, how it was trained, on what data.
 
-`pair_card` describes the matched pair (configs/train_tiny.yaml); family_card.py the capacity
-family. The data section (stages, seed ranges) is shared.
+`pair_card` describes the matched pair (configs/train_tiny.yaml): data, stages, seed ranges.
 """
 from __future__ import annotations
 

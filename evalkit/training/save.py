@@ -45,33 +45,3 @@ def train_and_write_pair(cfg, tokenizer: Any, out: Path, tok_path: str, config_p
         _finish(tmp, out, name, tokenizer, log, pair_card(name, kind, cfg, result, gla_cfg,
                                                           llama.config, tok_path, config_path))
     print(f"trained the pair in {(time.time() - t0) / 60:.1f} min")
-
-
-def train_and_write_family(cfg, tokenizer: Any, out: Path, tok_path: str,
-                           config_path: str) -> None:
-    from evalkit.training.family import train_family
-    from evalkit.training.family_card import family_card, family_loss_plot
-
-    names = [m.name for m in cfg.models]
-    check_out(out, names)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    work = Path(tempfile.mkdtemp(dir=out, prefix=".train-family-"))  # ours alone
-    try:
-        results = train_family(cfg, tokenizer, work)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    for name in names:  # an error from here on keeps `work` (trained models) and names it
-        r, tmp = results[name], work / name
-        family_loss_plot(r, tmp / "loss.png")
-        log = {"config": cfg.model_dump(mode="json"), "member": name, "lr": r["lr"],
-               "sweep": [{k: v for k, v in s.items() if k != "answer_history"}
-                         for s in r["sweep"]],
-               "heldout_em": r["heldout_em"], "heldout_answer_loss": r["heldout_answer_loss"],
-               "history": r["history"], "answer_history": r["answer_history"],
-               "seconds": r["seconds"], "params": r["params"], "state_bytes": r["state_bytes"]}
-        _finish(tmp, out, name, tokenizer, log,
-                family_card(name, cfg, results, tok_path, config_path))
-    shutil.rmtree(work)
-    print(f"trained the family in {(time.time() - t0) / 60:.1f} min")

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from evalkit.model_adapters.dtypes import parse_dtype
+from evalkit.state_kind import StateBytes
 
 
 # The typed subset; field types are checked on load (int fields reject floats and bools).
@@ -53,6 +54,10 @@ class GLAConfig:
     # if a config.json sets them.
     gate_logit_normalizer: float = 16
     gate_low_rank_dim: int = 16
+    # Ours, for mixer twins (Zoology's MQAR models): layers whose mixer is a gated short
+    # convolution ({"layers": [0], "kernel_size": 3}) and whether blocks carry an MLP.
+    gated_conv: dict | None = None
+    use_mlp: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     # -- reading / writing ---------------------------------------------------------------
@@ -134,8 +139,7 @@ class GLAConfig:
             errs.append(f"hidden_act {self.hidden_act!r} unsupported (fla's GatedMLP takes only 'swish')")
         if self.feature_map is not None:
             errs.append(f"feature_map {self.feature_map!r} unsupported (only None)")
-        if self.attn is not None:
-            errs.append("attn (hybrid softmax-attention layers) is not supported")
+        errs += self._mixer_errors()
         if self.use_short_conv and self.extra.get("share_conv_kernel") is True:
             # Old fla (early 2024) with one shared convolution on the hidden state.
             errs.append("share_conv_kernel=true with use_short_conv (one convolution on the hidden "
@@ -146,6 +150,77 @@ class GLAConfig:
             errs.append(f"pad_token_id {self.pad_token_id} outside the vocabulary [0, {self.vocab_size})")
         if errs:
             raise ValueError(f"{source}: " + "; ".join(errs))
+
+    # -- per-layer mixers (fla's hybrid `attn` key, our `gated_conv`) ----------------------
+    def _mixer_errors(self) -> list[str]:
+        errs = []
+        for key, known, required in (("attn", ATTN_KEYS, ("layers", "num_heads")),
+                                     ("gated_conv", CONV_KEYS, ("layers",))):
+            spec = getattr(self, key)
+            if spec is None:
+                continue
+            if not isinstance(spec, dict):
+                errs.append(f"{key} must be a mapping, got {spec!r}")
+                continue
+            errs += [f"{key}.{k} is not a known key (expected one of {', '.join(known)})"
+                     for k in spec if k not in known]
+            errs += [f"{key}.{k} is required" for k in required if k not in spec]
+            layers = spec.get("layers", [])
+            if not isinstance(layers, list) or not all(
+                    isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_hidden_layers
+                    for i in layers):
+                errs.append(f"{key}.layers must be a list of layer indices in "
+                            f"[0, {self.num_hidden_layers}), got {layers!r}")
+        if errs:
+            return errs
+        both = set(self._layers("attn")) & set(self._layers("gated_conv"))
+        if both:
+            errs.append(f"layer(s) {sorted(both)} are in both attn.layers and gated_conv.layers")
+        if self.attn is not None:
+            a = self.attn_spec
+            if a["num_heads"] < 1 or self.hidden_size % a["num_heads"]:
+                errs.append(f"attn.num_heads={a['num_heads']} must divide hidden_size={self.hidden_size}")
+            elif a["num_kv_heads"] < 1 or a["num_heads"] % a["num_kv_heads"]:
+                errs.append(f"attn.num_kv_heads={a['num_kv_heads']} must divide "
+                            f"attn.num_heads={a['num_heads']}")
+            w = a["window_size"]
+            if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+                errs.append(f"attn.window_size must be null or a positive integer, got {w!r}")
+        if self.gated_conv is not None:
+            k = self.gated_conv.get("kernel_size", 3)
+            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
+                errs.append(f"gated_conv.kernel_size must be an integer in [1, 64], got {k!r}")
+        return errs
+
+    def _layers(self, key: str) -> list[int]:
+        spec = getattr(self, key)
+        return list(spec.get("layers", [])) if isinstance(spec, dict) else []
+
+    @property
+    def attn_spec(self) -> dict[str, Any]:
+        """fla's hybrid attention settings with fla's defaults filled in."""
+        a = dict(self.attn or {})
+        a.setdefault("num_kv_heads", a.get("num_heads"))
+        a.setdefault("qkv_bias", False)
+        a.setdefault("window_size", None)
+        a.setdefault("rope_theta", 10000.0)
+        return a
+
+    def mixer(self, layer: int) -> str:
+        """"attn", "gated_conv" or "gla": the sequence mixer of layer `layer`."""
+        if layer in self._layers("attn"):
+            return "attn"
+        if layer in self._layers("gated_conv"):
+            return "gated_conv"
+        return "gla"
+
+    @property
+    def mixers(self) -> list[str]:
+        return [self.mixer(i) for i in range(self.num_hidden_layers)]
+
+    @property
+    def gated_conv_kernel(self) -> int:
+        return int((self.gated_conv or {}).get("kernel_size", 3))
 
     # -- derived sizes (fla's rules) ------------------------------------------------------
     @property
@@ -203,21 +278,35 @@ class GLAConfig:
 
     # -- analytic figures -----------------------------------------------------------------
     def param_count(self) -> int:
-        h, L, V = self.hidden_size, self.num_hidden_layers, self.vocab_size
+        h, V = self.hidden_size, self.vocab_size
+        total = V * h + h + (0 if self.tie_word_embeddings else V * h)   # embeddings, final norm
+        for mixer in self.mixers:
+            total += h + (3 * h * self.mlp_intermediate_size + h if self.use_mlp else 0)
+            total += {"gla": self._gla_params, "attn": self._attn_params,
+                      "gated_conv": self._conv_params}[mixer]()
+        return total
+
+    def _gla_params(self) -> int:
+        h = self.hidden_size
         dk, dkg, dvg, dv = self.key_dim, self.key_dim_per_group, self.value_dim_per_group, self.value_dim
         r = self.gate_low_rank_dim
-        attn = h * dk + h * dkg + h * dvg + dv * h          # q, k, v, o
-        attn += h * dv if self.use_output_gate else 0        # g
-        attn += h * r + r * dkg + dkg                        # low-rank gate with bias
-        attn += self.conv_size * self.conv_channels          # depthwise conv kernels
-        attn += self.head_v_dim if self.elementwise_affine else 0  # per-head output norm
-        mlp = 3 * h * self.mlp_intermediate_size
-        per_layer = attn + mlp + 2 * h                       # + attn_norm, mlp_norm
-        emb = V * h
-        return emb + L * per_layer + h + (0 if self.tie_word_embeddings else V * h)
+        n = h * dk + h * dkg + h * dvg + dv * h              # q, k, v, o
+        n += h * dv if self.use_output_gate else 0            # g
+        n += h * r + r * dkg + dkg                            # low-rank gate with bias
+        n += self.conv_size * self.conv_channels              # depthwise conv kernels
+        return n + (self.head_v_dim if self.elementwise_affine else 0)  # per-head output norm
+
+    def _attn_params(self) -> int:
+        a, h = self.attn_spec, self.hidden_size
+        kv = a["num_kv_heads"] * (h // a["num_heads"])
+        return 2 * h * h + 2 * h * kv + ((h + 2 * kv) if a["qkv_bias"] else 0)
+
+    def _conv_params(self) -> int:
+        h = self.hidden_size
+        return h * h + h + h * self.gated_conv_kernel          # projection (with bias), kernel
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Per-sequence, per-layer state tensors (batch dimension left out)."""
+        """Per-sequence state tensors of a GLA layer (batch dimension left out)."""
         shapes = {"recurrent": (self.num_heads, self.head_k_dim, self.head_v_dim)}
         if self.use_short_conv:
             shapes.update(q_conv=(self.key_dim, self.conv_size),
@@ -225,16 +314,51 @@ class GLAConfig:
                           v_conv=(self.value_dim_per_group, self.conv_size))
         return shapes
 
-    def state_bytes(self, dtype: str | torch.dtype = torch.float32) -> int:
-        """Bytes of one sequence's state: per layer H*d_k*d_v plus the conv tails (conv_size
-        positions per q/k/v channel, fla's cache convention)."""
-        size = parse_dtype(dtype).itemsize
-        per_layer = self.num_heads * self.head_k_dim * self.head_v_dim + self.conv_size * self.conv_channels
-        return self.num_hidden_layers * per_layer * size
+    def attn_kv_width(self) -> int:
+        """Key (= value) width of an attention layer's cache: kv heads x head dim."""
+        a = self.attn_spec
+        return a["num_kv_heads"] * (self.hidden_size // a["num_heads"])
+
+    def state_parts(self, context: int, dtype: str | torch.dtype = torch.float32) -> StateBytes:
+        """One sequence's state after `context` tokens, split into fixed / window / growing:
+        a GLA layer H*d_k*d_v plus its conv tails (conv_size positions per q/k/v channel,
+        fla's cache convention), a gated convolution d*kernel, an attention layer 2*d_kv per
+        cached token (min(context, window) with a window)."""
+        size, parts = parse_dtype(dtype).itemsize, StateBytes()
+        for mixer in self.mixers:
+            if mixer == "gla":
+                n = self.num_heads * self.head_k_dim * self.head_v_dim
+                parts += StateBytes(fixed=(n + self.conv_size * self.conv_channels) * size,
+                                    recurrent=True)
+            elif mixer == "gated_conv":
+                parts += StateBytes(fixed=self.hidden_size * self.gated_conv_kernel * size)
+            else:
+                w = self.attn_spec["window_size"]
+                n = 2 * self.attn_kv_width() * (context if w is None else min(context, w)) * size
+                parts += StateBytes(growing=n) if w is None else StateBytes(window=n)
+        return parts
+
+    @property
+    def state_kind(self) -> str:
+        return self.state_parts(1).kind
+
+    def state_bytes(self, dtype: str | torch.dtype = torch.float32, context: int | None = None) -> int:
+        """Bytes of one sequence's state (see state_parts); `context` is needed only when a
+        layer holds a KV cache."""
+        if context is None:
+            if "attn" in self.mixers:
+                raise ValueError("state_bytes of a model with attention layers depends on the "
+                                 "context length: pass context=")
+            context = 1
+        return self.state_parts(context, dtype).total
 
     def kv_bytes(self, context: int, dtype: str | torch.dtype = torch.bfloat16) -> int:
         """KV cache of a softmax model of the same width and depth at `context` tokens."""
         return 2 * self.num_hidden_layers * self.hidden_size * context * parse_dtype(dtype).itemsize
+
+
+ATTN_KEYS = ("layers", "num_heads", "num_kv_heads", "qkv_bias", "window_size", "rope_theta")
+CONV_KEYS = ("layers", "kernel_size")
 
 
 def _check_type(key: str, value: Any, type_str: str) -> str | None:

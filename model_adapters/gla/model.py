@@ -13,76 +13,25 @@ GLA (one layer), H heads of key width K and value width V:
     S_t = diag(a_t) S_{t-1} + k_t^T v_t ;  o_t = q_t S_t / sqrt(K)
     out = W_o (RMSNorm_head(o) * swish(x W_g))
 
-The state a sequence carries (`LayerState`) is per layer S [B, H, K, V] plus, with short
-convolutions, the last `conv_size` inputs of each q/k/v channel (fla's conv-cache layout
-[B, D, W]); all state tensors are fp32 whatever the weights' dtype.
+A layer's mixer may instead be softmax attention (fla's hybrid `attn` config key) or a gated
+short convolution (our `gated_conv` key), and `use_mlp: false` drops the MLPs: Zoology's
+two-layer MQAR models (mixers.py). The state a sequence carries is in state.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from evalkit.model_adapters.gla.config import GLAConfig
+from evalkit.model_adapters.gla.mixers import Attention, GatedConv, ShortConvolution
 from evalkit.model_adapters.gla.ops import chunk_gla, fused_recurrent_gla, naive_recurrent_gla
+from evalkit.model_adapters.gla.state import STATE_DTYPE, GLAState, LayerState
 
 OPS: dict[str, Callable] = {"chunk": chunk_gla, "naive": naive_recurrent_gla,
                             "fused_recurrent": fused_recurrent_gla}
-STATE_DTYPE = torch.float32
-
-
-# ---------------------------------------------------------------------------------------
-# State
-# ---------------------------------------------------------------------------------------
-@dataclass
-class LayerState:
-    recurrent: torch.Tensor                 # [B, H, K, V] fp32
-    conv: tuple[torch.Tensor, ...] = ()     # q, k, v tails: [B, D_q | D_k | D_v, conv_size] fp32
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.recurrent, *self.conv]
-
-
-@dataclass
-class GLAState:
-    """A batch of sequences' recurrent state: one LayerState per layer."""
-    layers: list[LayerState]
-
-    @property
-    def batch_size(self) -> int:
-        return self.layers[0].recurrent.shape[0]
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [t for layer in self.layers for t in layer.tensors()]
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
-
-    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "GLAState":
-        return GLAState([LayerState(fn(s.recurrent), tuple(fn(t) for t in s.conv)) for s in self.layers])
-
-    def clone(self) -> "GLAState":
-        return self.map(torch.clone)
-
-    def rows(self, index: Sequence[int] | slice) -> "GLAState":
-        idx = index if isinstance(index, slice) else list(index)
-        return self.map(lambda t: t[idx])
-
-    @staticmethod
-    def cat(states: Sequence["GLAState"]) -> "GLAState":
-        return GLAState([LayerState(torch.cat([s.layers[i].recurrent for s in states]),
-                                    tuple(torch.cat([s.layers[i].conv[j] for s in states])
-                                          for j in range(len(states[0].layers[i].conv))))
-                         for i in range(len(states[0].layers))])
-
-    @staticmethod
-    def from_tensors(tensors: Sequence[torch.Tensor], per_layer: int) -> "GLAState":
-        ts = list(tensors)
-        return GLAState([LayerState(ts[i], tuple(ts[i + 1:i + per_layer]))
-                         for i in range(0, len(ts), per_layer)])
 
 
 # ---------------------------------------------------------------------------------------
@@ -103,41 +52,6 @@ class RMSNorm(nn.Module):
         if gate is not None:
             y = y * F.silu(gate.float())
         return y.to(x.dtype)
-
-
-class ShortConvolution(nn.Module):
-    """Depthwise causal conv (weight [D, 1, W], fla's parameter layout) followed by SiLU.
-
-    The tail is the last W inputs per channel ([B, D, W], newest last), fla's conv cache."""
-
-    def __init__(self, dim: int, kernel_size: int) -> None:
-        super().__init__()
-        self.dim, self.kernel_size = dim, kernel_size
-        self.weight = nn.Parameter(torch.empty(dim, 1, kernel_size))
-        nn.init.normal_(self.weight, std=0.02)
-
-    def forward(self, x: torch.Tensor, tail: torch.Tensor | None = None,
-                valid: torch.Tensor | None = None, want_tail: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        B, T, D = x.shape
-        W = self.kernel_size
-        xt = x.transpose(1, 2)                                          # [B, D, T]
-        prev = (tail.to(x.dtype) if tail is not None
-                else x.new_zeros(B, D, W))                              # [B, D, W]
-        full = torch.cat([prev, xt], -1)                                # [B, D, W + T]
-        if T == 1:  # decoding: a dot product per channel (cheaper than a conv call)
-            y = F.silu((full[..., 1:] * self.weight.squeeze(1)).sum(-1, keepdim=True))
-        else:
-            y = F.silu(F.conv1d(full[..., 1:], self.weight, groups=D))  # [B, D, T]
-        new_tail = None
-        if want_tail:
-            if valid is None:
-                new_tail = full[..., T:]
-            else:  # per row, the W inputs ending at its last real token
-                idx = valid.view(B, 1, 1) + torch.arange(W, device=x.device).view(1, 1, W)
-                new_tail = full.gather(-1, idx.expand(B, D, W))
-            new_tail = new_tail.to(STATE_DTYPE)
-        return y.transpose(1, 2), new_tail
 
 
 class GatedLinearAttention(nn.Module):
@@ -227,18 +141,26 @@ class GatedMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+MIXERS = {"gla": GatedLinearAttention, "attn": Attention, "gated_conv": GatedConv}
+
+
 class GLABlock(nn.Module):
-    def __init__(self, cfg: GLAConfig) -> None:
+    """Pre-norm block: x + mixer(norm(x)), then x + MLP(norm(x)) unless use_mlp is false. The
+    mixer is `attn` whatever it is (fla's name for GLA and for hybrid attention layers)."""
+
+    def __init__(self, cfg: GLAConfig, layer: int = 0) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.attn = GatedLinearAttention(cfg)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.mlp = GatedMLP(cfg)
+        self.attn = MIXERS[cfg.mixer(layer)](cfg)
+        if cfg.use_mlp:
+            self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+            self.mlp = GatedMLP(cfg)
 
     def forward(self, x, state=None, valid=None, want_state=False):
         a, new_state = self.attn(self.attn_norm(x), state, valid, want_state)
         x = x + a
-        x = x + self.mlp(self.mlp_norm(x))
+        if hasattr(self, "mlp"):
+            x = x + self.mlp(self.mlp_norm(x))
         return x, new_state
 
 
@@ -246,7 +168,7 @@ class GLAModel(nn.Module):
     def __init__(self, cfg: GLAConfig) -> None:
         super().__init__()
         self.embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, cfg.pad_token_id)
-        self.layers = nn.ModuleList(GLABlock(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(GLABlock(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
 
 
@@ -268,8 +190,9 @@ class GLAForCausalLM(nn.Module):
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         for layer in self.model.layers:
-            layer.attn.mode = mode or layer.attn.mode
-            layer.attn.chunk_size = chunk_size or layer.attn.chunk_size
+            if isinstance(layer.attn, GatedLinearAttention):
+                layer.attn.mode = mode or layer.attn.mode
+                layer.attn.chunk_size = chunk_size or layer.attn.chunk_size
 
     def init_weights(self, seed: int | None = None) -> "GLAForCausalLM":
         """fla's initialisation: normal(0, initializer_range) for linears, convs, embeddings;
@@ -288,13 +211,22 @@ class GLAForCausalLM(nn.Module):
 
     def empty_state(self, batch_size: int, device=None) -> GLAState:
         cfg, dev = self.config, device or self.lm_head.weight.device
-        shapes = cfg.state_shapes()
+
+        def zeros(*shape: int) -> torch.Tensor:
+            return torch.zeros(batch_size, *shape, dtype=STATE_DTYPE, device=dev)
+
         layers = []
-        for _ in range(cfg.num_hidden_layers):
-            rec = torch.zeros(batch_size, *shapes["recurrent"], dtype=STATE_DTYPE, device=dev)
-            conv = tuple(torch.zeros(batch_size, *shapes[n], dtype=STATE_DTYPE, device=dev)
-                         for n in ("q_conv", "k_conv", "v_conv") if n in shapes)
-            layers.append(LayerState(rec, conv))
+        for mixer, block in zip(cfg.mixers, self.model.layers):
+            if mixer == "gla":
+                shapes = cfg.state_shapes()
+                layers.append(LayerState(zeros(*shapes["recurrent"]), tuple(
+                    zeros(*shapes[n]) for n in ("q_conv", "k_conv", "v_conv") if n in shapes)))
+            elif mixer == "gated_conv":
+                layers.append(LayerState(conv=(zeros(cfg.hidden_size, cfg.gated_conv_kernel),)))
+            else:
+                a = block.attn
+                layers.append(LayerState(kv=(zeros(a.Hkv, 0, a.d), zeros(a.Hkv, 0, a.d)),
+                                         window=a.window))
         return GLAState(layers)
 
     # -- forward passes -----------------------------------------------------------------
