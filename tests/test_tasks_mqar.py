@@ -292,10 +292,12 @@ def test_suite_cells_are_checked(tmp_path):
                                            (512, 128), (1024, 256), (2048, 512), (4096, 1024)]]
 
 
-def test_a_gla_checkpoint_reads_each_query_where_it_occurs(tmp_path):
-    """The lead's checkpoints load through the gla adapter with this tokenizer: a random
-    (peaked) GLA of vocabulary 8,192 answers every query through `evalkit run`'s one streamed
-    prefill exactly as it answers the query's own prefix prefilled from scratch."""
+@pytest.mark.parametrize("mixer", ["gla", "attn", "swa"])
+def test_a_twin_checkpoint_reads_each_query_where_it_occurs(tmp_path, mixer):
+    """The lead's twins load through the gla adapter with this tokenizer: a random (peaked)
+    two-layer twin (gated convolution, then GLA / attention / a 16-token window; vocabulary
+    8,192) answers every query through `evalkit run`'s streamed, batched prefill exactly as it
+    answers the query's own prefix prefilled from scratch."""
     import shutil
 
     from evalkit.model_adapters.gla.config import GLAConfig
@@ -303,17 +305,22 @@ def test_a_gla_checkpoint_reads_each_query_where_it_occurs(tmp_path):
 
     from helpers import save_peaked_gla
 
-    folder = tmp_path / "gla-mqar"
+    folder = tmp_path / f"twin-{mixer}"
     folder.mkdir()
     for f in TOKENIZER.iterdir():
         shutil.copy(f, folder / f.name)
-    cfg = GLAConfig(vocab_size=8192, hidden_size=32, num_heads=2, num_hidden_layers=2,
-                    use_short_conv=True)
+    attn = None if mixer == "gla" else {"layers": [1], "num_heads": 1,
+                                         "window_size": 16 if mixer == "swa" else None}
+    cfg = GLAConfig(attn=attn, vocab_size=8192, hidden_size=32, num_heads=2,
+                    num_hidden_layers=2, use_short_conv=False,
+                    gated_conv={"layers": [0], "kernel_size": 3}, use_mlp=False,
+                    tie_word_embeddings=True, pad_token_id=0, bos_token_id=None,
+                    eos_token_id=None)
     save_peaked_gla(cfg, folder, 10)
     spec = f"gla:{folder}"
     cfg_file = tmp_path / "suite.yaml"
     cfg_file.write_text(f"name: t\nmodels: [{{name: g, spec: '{spec}', options: "
-                        f"{{chunk_size: 16}}}}]\ntasks:\n  - {{name: mqar, cells: "
+                        f"{{chunk_size: 16}}}}]\nbatch_size: 4\ntasks:\n  - {{name: mqar, cells: "
                         f"[{{length: 64, load: 4, samples: 2}}, {{length: 128, load: 16, samples: 1}}]}}\n")
     out = tmp_path / "run"
     assert main(["run", "--config", str(cfg_file), "--output", str(out), "--no-progress"]) == 0
