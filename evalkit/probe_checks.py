@@ -4,8 +4,9 @@
 `validate`, `generate` and `lm-eval-export` refuse the same probes with the same message.
 A probe is refused, never repaired, when it is not a Probe; when it belongs to another task;
 when its recorded fields (target length, depth, load, seed, tokenizer hash, hash) are not the
-grid point and tokenizer it was made for; when its measured prompt length is not its recorded
-`actual_length`, or lies outside `tolerance(length)` of the target; when its context is empty;
+grid point and tokenizer it was made for; when its measured length (evalkit.render.probe_length:
+the last question's prompt, or the whole context if longer) is not its recorded `actual_length`,
+or lies outside `tolerance(length)` of the target; when its context is empty;
 when a question's token budget, offsets or gold values are out of range; or when any field
 holds a non-finite number (no results file may hold one).
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from evalkit.probe import Probe, Question, Segment, content_hash
 from evalkit.probes.build import tolerance
-from evalkit.render import prompt_length
+from evalkit.render import probe_length
 from evalkit.tokenization import tokenizer_hash
 
 MAX_NEW_TOKENS = 4096      # a question's answer budget; answers are a few values long
@@ -73,12 +74,12 @@ def check_probe(probe: Any, *, task: str, version: str, length: int, depth: floa
     if chars > CHARS_PER_TOKEN * (length + limit) + 4096:
         fail(f"the prompt holds {chars:,} characters, far beyond a {length}-token prompt")
     try:
-        measured = prompt_length(probe, tokenizer)
+        measured = probe_length(probe, tokenizer)
     except Exception as e:  # e.g. a chat template that rejects the turns
         fail(f"cannot render the prompt with this tokenizer: {type(e).__name__}: {e}")
     if measured != m.actual_length:
         fail(f"meta.actual_length is {m.actual_length} but the prompt measures {measured} "
-             f"tokens (measure it with evalkit.render.prompt_length)")
+             f"tokens (measure it with evalkit.render.probe_length)")
     if abs(measured - length) > m.tolerance:
         fail(f"the prompt is {measured} tokens; expected {length} +- {m.tolerance} "
              f"(meta.tolerance)")

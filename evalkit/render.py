@@ -142,6 +142,18 @@ def prompt_length(probe: Probe, tokenizer: Any, qi: int = -1) -> int:
     return len(prompt_ids(probe, tokenizer, qi))
 
 
+def probe_length(probe: Probe, tokenizer: Any) -> int:
+    """The tokens a probe spans: its last question's prompt, or its whole context when that is
+    longer. They differ only when the last question is asked before the context ends (MQAR's
+    queries sit inside the stream, whose tail after the last query is part of the example);
+    when it is asked after the whole context, as in every natural-language task, this is
+    `prompt_length`."""
+    r = render(probe, tokenizer)
+    qi = len(probe.questions) - 1
+    last = len(r.prompt(qi, probe.questions[qi].after_segment))
+    return max(last, r.prefix_length(len(probe.context)))
+
+
 def continuation_ids(tokenizer: Any, value: str) -> list[int]:
     """Ids of an answer value as continued after the answer prefix."""
     return encode(tokenizer, " " + value)

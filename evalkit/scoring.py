@@ -14,6 +14,11 @@ Kinds (what the metric reads):
   and multi-key questions) expected comma-separated in gold order.
 - forced_choice: fn(logprobs) -> float, the candidates' log-probabilities with gold first
   (a question needs gold and at least one distractor).
+
+Two optional declarations narrow a metric: `question_kinds` (it scores only questions of those
+kinds, e.g. MQAR's "mqar" queries; default every question) and `per_probe` (a cell's value is
+the mean over probes of each probe's mean over its questions, Zoology's accuracy, and its
+interval a bootstrap over probes; default the mean over questions).
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ import re
 import string
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
+
+import numpy as np
 
 GENERATION = "generation"
 FORCED_CHOICE = "forced_choice"
@@ -37,6 +44,11 @@ class Metric:
     # Position in the leaderboard's default choice of a task's recall metric (lowest first);
     # None: recall only when asked for (`publish --primary-metric`).
     recall_rank: int | None = None
+    question_kinds: tuple[str, ...] = ()  # () : every question
+    per_probe: bool = False               # cell value: mean over probes of per-probe means
+
+    def applies_to(self, question_kind: str | None) -> bool:
+        return not self.question_kinds or question_kind in self.question_kinds
 
     @property
     def summary(self) -> str:
@@ -48,7 +60,8 @@ METRICS: dict[str, Metric] = {}
 
 
 def metric(name: str, *, kind: str, higher_is_better: bool = True,
-           recall_rank: int | None = None) -> Callable:
+           recall_rank: int | None = None, question_kinds: Sequence[str] = (),
+           per_probe: bool = False) -> Callable:
     """Register the decorated function as metric `name` (see the module doc)."""
     def register(fn: Callable[..., float]) -> Callable[..., float]:
         if name in METRICS:
@@ -62,7 +75,8 @@ def metric(name: str, *, kind: str, higher_is_better: bool = True,
         if recall_rank is not None and not higher_is_better:
             raise ValueError(f"metric {name!r}: a recall metric must be higher-is-better")
         scored = _refusing_empty_gold(name, fn) if kind == GENERATION else fn
-        METRICS[name] = Metric(name, kind, higher_is_better, scored, recall_rank)
+        METRICS[name] = Metric(name, kind, higher_is_better, scored, recall_rank,
+                               tuple(question_kinds), per_probe)
         return scored
     return register
 
@@ -109,14 +123,68 @@ ANSWER_METRIC = "exact_match"
 
 
 def score_sample(prediction: str | None, gold: Sequence[str],
-                 logprobs: Sequence[float] | None = None) -> dict[str, float]:
-    """Every registered metric that applies to one answered question."""
+                 logprobs: Sequence[float] | None = None,
+                 question_kind: str | None = None) -> dict[str, float]:
+    """Every registered metric that applies to one answered question (of `question_kind`)."""
     out: dict[str, float] = {}
     if prediction is not None:
-        out.update((m.name, m.fn(prediction, gold)) for m in of_kind(GENERATION))
+        out.update((m.name, m.fn(prediction, gold)) for m in of_kind(GENERATION)
+                   if m.applies_to(question_kind))
     if logprobs is not None and len(logprobs) >= 2:
-        out.update((m.name, m.fn(logprobs)) for m in of_kind(FORCED_CHOICE))
+        out.update((m.name, m.fn(logprobs)) for m in of_kind(FORCED_CHOICE)
+                   if m.applies_to(question_kind))
     return out
+
+
+def example_accuracy(hits: np.ndarray, scored: np.ndarray) -> np.ndarray:
+    """Zoology's accuracy per example: the share of its scored positions that are right.
+
+    hits, scored: [examples, positions] (hits counts only where scored). Examples with no
+    scored position are dropped. The one definition behind `mqar_accuracy`'s per-probe
+    aggregation (evalkit.runner.aggregate) and tasks.mqar.accuracy (training on id arrays).
+
+    >>> example_accuracy(np.array([[1, 0, 1, 0], [1, 1, 0, 0]]),
+    ...                  np.array([[1, 1, 1, 1], [1, 1, 0, 0]])).tolist()
+    [0.5, 1.0]
+    """
+    hits, scored = np.asarray(hits, bool), np.asarray(scored, bool)
+    if hits.shape != scored.shape or hits.ndim != 2:
+        raise ValueError(f"hits and scored must be two [examples, positions] arrays of one "
+                         f"shape, got {hits.shape} and {scored.shape}")
+    n = scored.sum(1)
+    return ((hits & scored).sum(1) / np.maximum(n, 1))[n > 0]
+
+
+def zoology_accuracy(hits: np.ndarray, scored: np.ndarray) -> float:
+    """Mean over examples of `example_accuracy`: Zoology's MQAR accuracy.
+
+    >>> zoology_accuracy(np.array([[1, 0, 1, 0], [1, 1, 0, 0]]),
+    ...                  np.array([[1, 1, 1, 1], [1, 1, 0, 0]]))
+    0.75
+    """
+    per = example_accuracy(hits, scored)
+    if not len(per):
+        raise ValueError("no example has a scored position: accuracy is undefined")
+    return float(per.mean())
+
+
+def probe_means(scores: Sequence[tuple[str, float]]) -> list[float]:
+    """Per-probe accuracy from (probe id, question score) pairs, probes in first-seen order:
+    `example_accuracy` over one row per probe (what a per_probe metric averages).
+
+    >>> probe_means([("a", 1.0), ("b", 1.0), ("a", 0.0), ("a", 1.0)])
+    [0.6666666666666666, 1.0]
+    """
+    rows: dict[str, list[float]] = {}
+    for pid, v in scores:
+        rows.setdefault(pid, []).append(v)
+    width = max((len(r) for r in rows.values()), default=0)
+    hits = np.zeros((len(rows), width), bool)
+    scored = np.zeros((len(rows), width), bool)
+    for i, r in enumerate(rows.values()):
+        hits[i, :len(r)] = np.asarray(r) >= 0.5  # per-query scores of a per_probe metric are 0/1
+        scored[i, :len(r)] = True
+    return example_accuracy(hits, scored).tolist() if rows else []
 
 
 # -- the metrics ----------------------------------------------------------------------------
@@ -227,3 +295,22 @@ def forced_choice(logprobs: Sequence[float]) -> float:
     if len(logprobs) < 2:
         raise ValueError("forced choice needs gold and at least one distractor")
     return float(logprobs[0] > max(logprobs[1:]))
+
+
+MQAR_QUESTION = "mqar"  # the question kind of tasks/mqar.py's queries
+MQAR_METRIC = "mqar_accuracy"  # Zoology's accuracy (the leaderboard's MQAR plot reads it)
+
+
+@metric(MQAR_METRIC, kind=GENERATION, recall_rank=-1, question_kinds=(MQAR_QUESTION,),
+        per_probe=True)
+def mqar_accuracy(prediction: str, gold: Sequence[str]) -> float:
+    """Zoology's MQAR accuracy: each probe's share of queries right, averaged over probes.
+
+    Per query (MQAR questions only): 1 if the one generated symbol is the value, whitespace
+    around it ignored. A cell's value is the mean over probes of each probe's share
+    (`zoology_accuracy`), its interval a bootstrap over probes (evalkit.runner.aggregate).
+
+    >>> mqar_accuracy("v4565", ["v4565"]), mqar_accuracy(" v4565", ["v456"])
+    (1.0, 0.0)
+    """
+    return float(prediction.strip() == gold[0].strip())

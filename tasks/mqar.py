@@ -21,10 +21,35 @@ answer to later queries.
 Every array is a pure function of (length, load, vocab_size, power_a, seed): numpy's PCG64
 seeded with `seed`. A batch's row i is the example of seed `seed` row i, so training batches
 and evaluation probes come from one generator.
+
+As an evalkit task (`generate`, tasks/mqar.yaml) a probe is row 0 of `mqar_batch(1, ...)` at the
+grid point's seed, written in the symbols of model_adapters/mqar/tokenizer (`symbol`: id 0 "_",
+keys "k<id>", values "v<id>"; one token each, id i <-> symbol i). The example above, in the
+symbols of its vocabulary of 16 (the task's is 8,192), streams as context segments that each
+end at a query key, one question per segment with empty text and prefix:
+
+    segment 0: "k3 v12 k6 v9 _ _ k6"   question 0 (after_segment 1): gold "v9"
+    segment 1: "_ _ _ _ _ k3"          question 1 (after_segment 2): gold "v12"
+    segment 2: "_ _ _"                 (the tail: never fed, nothing is scored there)
+
+The runner prefills segment 0 once, reads the answer to question 0 from a fork of that state
+(one greedy token), then extends the same state with segment 1: the stream continues with the
+filler, never with the value, exactly as in the array. Every probe is exactly `length` tokens
+(tolerance 0) and the model sees exactly the array's ids. `depth` is ignored (the query
+positions are the power law's); `load` is the number of pairs.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import Any
+
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from evalkit import probes as kit
+from evalkit.probe import Probe, ProbeMeta, Question, Segment
+from evalkit.scoring import MQAR_QUESTION, zoology_accuracy
+from evalkit.tokenization import bos_ids, encode, tokenizer_hash
 
 FILLER = 0
 IGNORE = -100  # target of a position that is not scored (PyTorch's cross-entropy default)
@@ -93,8 +118,96 @@ def _without_replacement(rng: np.random.Generator, n: int, size: int, k: int,
 
 
 def accuracy(predictions: np.ndarray, targets: np.ndarray) -> float:
-    """Zoology's MQAR accuracy: per example the share of scored positions predicted right,
-    then the mean over examples. predictions and targets are [n, length]."""
+    """Zoology's MQAR accuracy on id arrays [n, length]: per example the share of scored
+    positions predicted right, then the mean over examples. The definition is
+    evalkit.scoring.zoology_accuracy, the one the registered metric `mqar_accuracy` uses."""
     scored = targets != IGNORE
-    per_example = ((predictions == targets) & scored).sum(1) / np.maximum(scored.sum(1), 1)
-    return float(per_example[scored.any(1)].mean())
+    return zoology_accuracy(predictions == targets, scored)
+
+
+# -- symbols: the text form of the ids (model_adapters/mqar/tokenizer) ------------------------
+
+FILLER_SYMBOL = "_"
+
+
+def symbol(i: int, vocab_size: int = VOCAB_SIZE) -> str:
+    """The word of token id i: "_" (filler), "k<i>" (a key id), "v<i>" (a value id).
+
+    >>> symbol(0), symbol(17), symbol(5000)
+    ('_', 'k17', 'v5000')
+    """
+    if not 0 <= i < vocab_size:
+        raise ValueError(f"token id {i} outside the vocabulary 0..{vocab_size - 1}")
+    return FILLER_SYMBOL if i == FILLER else (f"k{i}" if i < vocab_size // 2 else f"v{i}")
+
+
+@lru_cache(maxsize=2)
+def symbols(vocab_size: int = VOCAB_SIZE) -> tuple[str, ...]:
+    """Every symbol in id order: the tokenizer's vocabulary."""
+    return tuple(symbol(i, vocab_size) for i in range(vocab_size))
+
+
+# -- the evalkit task --------------------------------------------------------------------------
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    power_a: float = Field(default=POWER_A, gt=0, le=1)  # the query gaps' power law
+
+
+def generate(params: Params, *, task: str, version: str, tokenizer: Any, length: int,
+             depth: float, load: int, seed: int) -> Probe:
+    """One Zoology example as a probe (see the module doc); depth is recorded, not used."""
+    kit.check_grid_point(length, depth, load)
+    check_shape(length, load, VOCAB_SIZE)
+    ids, targets = mqar_batch(1, length, load, seed=seed, power_a=params.power_a)
+    segments, questions = stream(ids[0], targets[0], load)
+    _check_tokenizer(tokenizer, segments, ids[0])
+    meta = ProbeMeta(target_length=length, actual_length=length, tolerance=0,
+                     depth=float(depth), load=load, seed=seed,
+                     tokenizer_hash=tokenizer_hash(tokenizer),
+                     extra=(("power_a", params.power_a), ("vocab_size", VOCAB_SIZE)))
+    return Probe(id=kit.probe_id(task, length, depth, load, seed), task=task,
+                 task_version=version, context=tuple(Segment(t) for t in segments),
+                 questions=tuple(questions), meta=meta)
+
+
+def stream(ids: np.ndarray, targets: np.ndarray, load: int,
+           vocab_size: int = VOCAB_SIZE) -> tuple[list[str], list[Question]]:
+    """One example's context segments (each ends at a query key; then the tail) and its
+    questions (one per query, asked after its segment), as in the module doc's example."""
+    length = len(ids)
+    pos = np.flatnonzero(targets != IGNORE)                   # query positions, ascending
+    ends = [*(int(p) + 1 for p in pos), length]
+    starts = [0, *ends[:-1]]
+    words = symbols(vocab_size)
+    segments = [" ".join(words[t] for t in ids[a:b]) for a, b in zip(starts, ends) if b > a]
+    fact = {int(k): 2 * j for j, k in enumerate(ids[0:2 * load:2])}  # key -> its pair's offset
+    questions = []
+    for j, p in enumerate(int(x) for x in pos):
+        f = fact[int(ids[p])]
+        questions.append(Question(text="", answer_prefix="", gold=(words[targets[p]],),
+                                  after_segment=j + 1, depth=f / length, fact_token=f,
+                                  distance=p - f, max_new_tokens=1, kind=MQAR_QUESTION))
+    return segments, questions
+
+
+def _check_tokenizer(tokenizer: Any, segments: list[str], ids: np.ndarray) -> None:
+    """The rendered stream must encode to exactly the generator's ids (no BOS, one token a
+    symbol, id i = symbol i): any other tokenizer would change the task, so it is refused."""
+    need = "task mqar needs the MQAR word-level tokenizer (model_adapters/mqar/tokenizer)"
+    name = f"tokenizer={tokenizer_hash(tokenizer)[:12]}"
+    if bos_ids(tokenizer):
+        raise ValueError(f"{name}: adds a BOS token, which would shift every position; {need}")
+    got: list[int] = []
+    for text in segments:
+        try:
+            got += encode(tokenizer, text)
+        except Exception as e:  # tokenizers raises a bare Exception for an unknown word
+            raise ValueError(f"{name}: cannot encode the symbols ({e}); {need}") from None
+    want = ids.tolist()
+    if got != want:
+        i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        sym = symbol(want[i]) if i < len(want) else "(end)"
+        raise ValueError(f"{name}: the stream encodes to {len(got)} tokens for {len(want)} "
+                         f"symbols, first differing at position {i} (symbol {sym!r}, id "
+                         f"{want[i] if i < len(want) else '-'}); {need}")

@@ -28,10 +28,10 @@ def test_every_metric_has_a_worked_example_that_holds(name):
 def test_registry_order_kinds_and_recall_preference():
     assert list(scoring.METRICS) == ["exact_match", "contains", "normalized_match",
                                      "string_match_all", "string_match_part", "partial_credit",
-                                     "forced_choice"]
+                                     "forced_choice", "mqar_accuracy"]
     assert [m.name for m in scoring.of_kind(scoring.FORCED_CHOICE)] == ["forced_choice"]
-    assert scoring.recall_preference() == ["string_match_all", "exact_match", "contains",
-                                           "forced_choice"]
+    assert scoring.recall_preference() == ["mqar_accuracy", "string_match_all", "exact_match",
+                                           "contains", "forced_choice"]
     assert all(m.higher_is_better for m in scoring.METRICS.values())
 
 

@@ -30,3 +30,24 @@ def test_golden_hashes(tiny_tokenizer, key):
     p = spec.generator(spec.params, task=spec.name, version=spec.version,
                        tokenizer=tiny_tokenizer, length=length, depth=depth, load=load, seed=seed)
     assert p.hash == GOLDEN[key]
+
+
+# mqar reads only its own word-level tokenizer (model_adapters/mqar/tokenizer)
+MQAR_GOLDEN = {
+    ("mqar", 64, 0.5, 4, 42): "64195e948286766bbc5fc56329c5b8739a4dd0d41d4a58af4754fcec2bb27e10",
+    ("mqar", 512, 0.5, 128, 41): "100be5a5d72d73d25281b014e29e22dc52caa8a5afdc9261a9401bde2e66bf59",
+}
+
+
+@pytest.mark.parametrize("key", sorted(MQAR_GOLDEN))
+def test_golden_hashes_mqar(key):
+    from evalkit.tokenization import load_tokenizer
+
+    from helpers import REPO
+
+    name, length, depth, load, seed = key
+    tok = load_tokenizer(REPO / "model_adapters" / "mqar" / "tokenizer")
+    spec = discover().get(name)
+    p = spec.generator(spec.params, task=spec.name, version=spec.version, tokenizer=tok,
+                       length=length, depth=depth, load=load, seed=seed)
+    assert p.hash == MQAR_GOLDEN[key]

@@ -27,6 +27,7 @@ import pandas as pd
 
 from evalkit import atomic
 from evalkit.leaderboard import plots as P
+from evalkit.leaderboard import recall_state
 from evalkit.leaderboard.board import Board, Options, build, records
 from evalkit.leaderboard.derived import KNEE_LEVEL
 from evalkit.leaderboard.load import expand_run_dirs, load_run
@@ -272,4 +273,9 @@ def draw_plots(board: Board, out: Path) -> tuple[dict[str, list[tuple[str, str]]
         add("Recall gap per cell", f"{task}: recall gap per cell", f"gap-{s}.png",
             lambda p: P.gap_heatmaps(board.cell_gaps, task, p),
             why="no baseline/model pair answered its probes")
+    # The recall-state law (tasks/mqar.py), first: only when a run holds the Based test mix.
+    law = recall_state.board_figure(board.samples, out / "plots" / "mqar-state-bytes.png")
+    if law is not None:
+        sections = {recall_state.SECTION: [("mqar: accuracy vs. state bytes",
+                                            law.relative_to(out).as_posix())], **sections}
     return sections, skipped

@@ -7,6 +7,7 @@ from typing import Sequence
 import pandas as pd
 
 from evalkit import scoring
+from evalkit.leaderboard import recall_state
 from evalkit.leaderboard import derived
 from evalkit.leaderboard.board import Board
 from evalkit.leaderboard.tables import beyond_trained
@@ -197,6 +198,8 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
         w(f"### {section}\n")
         for title, rel in items:
             w(f"![{title}]({rel})\n")
+        if section == recall_state.SECTION:  # the law's plot: ours beside the published numbers
+            w(recall_state.board_table(board.samples, board.identities))
     if skipped:
         w("Not drawn:\n")
         w("\n".join(f"- {s}" for s in skipped) + "\n")

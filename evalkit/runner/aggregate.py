@@ -5,7 +5,9 @@ One row per model x task x target_length x depth x load (the grid cell of each s
   n_failed and n_flagged count the others, so the cell holds n + n_failed + n_flagged samples.
 - metrics: {metric: {mean, stderr, n}} over the scored samples that have the metric (a
   forced-choice metric needs two candidates). stderr = sample std (ddof=1) / sqrt(n), 0 when
-  n = 1. A metric name not registered in evalkit.scoring is an error.
+  n = 1. A metric name not registered in evalkit.scoring is an error. A per_probe metric
+  (Zoology's MQAR accuracy) is averaged per probe first: mean and stderr are over its probes'
+  means, n_probes counts them, and ci95 is a percentile bootstrap over probes (None for one).
 - prompt_tokens, prompt_chars: means over every sample of the cell.
 - state_bytes: mean over scored samples, rounded to whole bytes; state_kind: the adapter's.
 - by_kind: the same metric means split by question kind (recall, latest, ...).
@@ -18,7 +20,10 @@ import math
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
+import numpy as np
+
 from evalkit import scoring
+from evalkit.bootstrap import DEFAULT_BOOTSTRAP, paired_bootstrap, seed_for
 from evalkit.result import SampleResult
 
 TIMESTAMP_KEYS = frozenset({"created", "started", "finished", "resumed"})
@@ -33,14 +38,29 @@ def mean_stderr(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / n)
 
 
-def metric_summary(samples: Sequence[SampleResult]) -> dict[str, dict[str, float]]:
+def metric_summary(samples: Sequence[SampleResult], cell: tuple = ()) -> dict[str, dict[str, Any]]:
     names = sorted({m for s in samples for m in s.scores})
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for m in names:
         vals = [s.scores[m] for s in samples if m in s.scores]
+        if m in scoring.METRICS and scoring.METRICS[m].per_probe:
+            out[m] = per_probe_summary(
+                [(s.probe_hash, s.scores[m]) for s in samples if m in s.scores], (*cell, m))
+            continue
         mean, se = mean_stderr(vals)
         out[m] = {"mean": mean, "stderr": se, "n": len(vals)}
     return out
+
+
+def per_probe_summary(scores: Sequence[tuple[str, float]], key: tuple) -> dict[str, Any]:
+    """A per_probe metric: mean/stderr over probe means, a bootstrap 95 % interval over
+    probes (seeded by the cell `key`, so equal runs give equal intervals)."""
+    per = scoring.probe_means(scores)
+    mean, se = mean_stderr(per)
+    ci = None
+    if len(per) > 1:  # one probe has no spread to resample
+        ci = list(paired_bootstrap(np.asarray(per), DEFAULT_BOOTSTRAP, seed_for(0, *key)))
+    return {"mean": mean, "stderr": se, "n": len(scores), "n_probes": len(per), "ci95": ci}
 
 
 def scored(s: SampleResult) -> bool:
@@ -64,9 +84,10 @@ def rows(samples: Iterable[SampleResult], tasks: dict[str, dict]) -> list[dict[s
             "target_length": length, "depth": depth, "load": load,
             "n": len(ok), "n_failed": sum(s.error is not None for s in cell),
             "n_flagged": sum(s.error is None and s.flag is not None for s in cell),
-            "metrics": metric_summary(ok),
+            "metrics": metric_summary(ok, (model, task, length, depth, load)),
             "by_kind": {k: {"n": sum(s.kind == k for s in ok),
-                            "metrics": metric_summary([s for s in ok if s.kind == k])}
+                            "metrics": metric_summary([s for s in ok if s.kind == k],
+                                                       (model, task, length, depth, load, k))}
                         for k in kinds},
             "prompt_tokens": math.fsum(s.prompt_tokens for s in cell) / len(cell),
             "prompt_chars": math.fsum(s.prompt_chars for s in cell) / len(cell),

@@ -92,7 +92,7 @@ def answer(run: ModelRun, item: Item, state: Any, *, consume: bool, feed: bool =
                                          f"{logprobs} for {q.candidates}: the model's numbers "
                                          f"are broken (NaN weights or config?)")
             sample.candidate_logprobs = logprobs
-        sample.scores = score_sample(sample.prediction, q.gold, logprobs)
+        sample.scores = score_sample(sample.prediction, q.gold, logprobs, q.kind)
         sample.state_bytes = int(model.state_bytes(s))
     except Exception as e:  # one bad sample must not end the run
         sample = failed(run, item, e)

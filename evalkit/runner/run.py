@@ -89,7 +89,8 @@ class _Session:
         self.models[m.name] = {**identity, "hash": mhash, "spec": m.spec,
                                "options": provenance.jsonable(m.options), "state_kind": kind,
                                "max_length": getattr(adapter, "max_length", None),
-                               "trained_length": getattr(adapter, "trained_length", None)}
+                               "trained_length": getattr(adapter, "trained_length", None),
+                               **({"published": m.published} if m.published else {})}
         gen = self.resolved.suite.generation
         run = ModelRun(adapter, m.name, mhash, kind, tuple(gen.stop), gen.max_new_tokens)
         torch.manual_seed(self.resolved.suite.seed)

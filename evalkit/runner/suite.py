@@ -11,6 +11,7 @@ naming the file, the key and the expected type.
     tasks:                         # task names, globs ("needle*") or groups, or mappings
       - needle                     #   with per-task grid overrides
       - {name: multikey, loads: [1, 4, 16, 64]}
+      - {name: mqar, cells: [{length: 64, load: 4, samples: 250}]}  # listed cells, no product
     groups: {recall: [needle, "multikey*"]}
     lengths: [256, 512]            # grid defaults for every task (else each task's own)
     depths: [0.1, 0.5, 0.9]
@@ -21,6 +22,11 @@ naming the file, the key and the expected type.
     threads: null                  # torch CPU threads (default: torch's; 1 helps on busy cores)
     include: [my_tasks/]           # extra task folders, relative to this file
     plugins: [my_adapter.py]       # Python files/modules that register models, ditto
+
+A task's `cells` lists its grid cells one by one instead of the product of lengths x loads
+(a paired setting such as MQAR's (64 tokens, 4 pairs), (128, 32), ...), each with its own
+sample count (default: the grid's samples); depths still come from the usual precedence and
+apply to every cell. Seeds are those of the same (length, depth, load, index) in a product grid.
 
 Grid precedence: command-line flags, then the task entry's overrides, then the suite's
 defaults, then the task spec's own defaults. `${VAR}` in a model spec or a string option is
@@ -39,11 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from evalkit.probe import canonical_json
 from evalkit.render import ANSWER_STOP
-from evalkit.taskspec import GridPoint, SpecError, TaskSpec, discover, grid, load_module_file
+from evalkit.taskspec import (MAX_POINTS, GridPoint, SpecError, TaskSpec, discover, grid,
+                              load_module_file)
 from evalkit.yamlfile import read_yaml
 
 # Groups every suite knows; a suite's own `groups:` may add more (not replace these).
@@ -82,14 +90,39 @@ class ModelEntry(BaseModel):
     name: str = Field(min_length=1)       # how results name it
     spec: str | None = None               # what load_model gets; defaults to `name`
     options: dict[str, Any] = Field(default_factory=dict)
+    # the published result this model reproduces (a key of configs/published/*.yaml, e.g.
+    # "gla-d64"); recorded in results.json, never hashed: it changes no answer
+    published: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]*$")
 
     @property
     def load_spec(self) -> str:
         return self.spec or self.name
 
 
+class Cell(BaseModel):
+    """One grid cell of a task entry's `cells` list."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    length: int = Field(gt=0)
+    load: int = Field(gt=0)
+    samples: int | None = Field(default=None, ge=1)
+
+
 class TaskEntry(_Grid):
     name: str = Field(min_length=1)       # a task name, a glob, or a group
+    cells: tuple[Cell, ...] | None = None  # listed (length, load) cells instead of a product
+
+    @model_validator(mode="after")
+    def _cells_or_product(self):
+        if self.cells is not None:
+            if not self.cells:
+                raise ValueError("cells: empty; expected at least one {length, load} cell")
+            if self.lengths is not None or self.loads is not None:
+                raise ValueError("give either cells or lengths/loads, not both (cells list "
+                                 "each (length, load) pair)")
+            pairs = [(c.length, c.load) for c in self.cells]
+            if len(set(pairs)) != len(pairs):
+                raise ValueError(f"cells: a (length, load) pair appears twice in {pairs}")
+        return self
 
 
 class Generation(BaseModel):
@@ -191,6 +224,7 @@ class ResolvedModel:
     name: str
     spec: str
     options: dict
+    published: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +235,7 @@ class ResolvedTask:
     loads: tuple[int, ...]
     samples: int
     points: tuple[GridPoint, ...]
+    cells: tuple[Cell, ...] | None = None  # the entry's listed cells, if it used them
 
     @property
     def name(self) -> str:
@@ -301,6 +336,20 @@ def apply_limit(points: Sequence[GridPoint], limit: float | None) -> list[GridPo
     return [points[i] for i in sorted(order[:n])]
 
 
+def _cell_points(spec: TaskSpec, cells: Sequence[Cell], depths: Sequence[float],
+                 samples: int, seed: int) -> tuple[list[GridPoint], list[int], list[int]]:
+    """The points of listed cells, in their order: each cell is a one-length, one-load grid
+    (so its seeds equal a product grid's), with its own sample count."""
+    points: list[GridPoint] = []
+    for c in cells:
+        points += grid(spec, lengths=[c.length], depths=depths, loads=[c.load],
+                       samples=c.samples or samples, seed=seed)
+    if len(points) > MAX_POINTS:
+        raise SpecError(f"the cells hold {len(points):,} probes; at most {MAX_POINTS:,} per task")
+    uniq = lambda xs: list(dict.fromkeys(xs))
+    return points, uniq(c.length for c in cells), uniq(c.load for c in cells)
+
+
 def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
     """Check models exist, expand task names/globs/groups and compute each task's grid."""
     import_plugins(suite.plugins, source)
@@ -317,7 +366,7 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
         spec = _expand(m.load_spec, source, f"models.{i}.spec")
         options = _expand(dict(m.options), source, f"models.{i}.options")
         _check_model(spec, source, i, m.name)
-        models.append(ResolvedModel(m.name, spec, options))
+        models.append(ResolvedModel(m.name, spec, options, m.published))
 
     try:
         registry = discover(suite.include)
@@ -346,13 +395,17 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
         lengths, depths, loads, samples = (pick("lengths"), pick("depths"), pick("loads"),
                                            pick("samples"))
         try:
-            points = grid(spec, lengths=lengths, depths=depths, loads=loads, samples=samples,
-                          seed=suite.seed)
+            if entry.cells:
+                points, lengths, loads = _cell_points(spec, entry.cells, depths, samples,
+                                                      suite.seed)
+            else:
+                points = grid(spec, lengths=lengths, depths=depths, loads=loads,
+                              samples=samples, seed=suite.seed)
         except SpecError as e:
             raise SuiteError(f"{source}: task {name!r}: {e}") from None
         tasks.append(ResolvedTask(spec, tuple(lengths), tuple(float(d) for d in depths),
                                   tuple(loads), samples,
-                                  tuple(apply_limit(points, suite.limit))))
+                                  tuple(apply_limit(points, suite.limit)), entry.cells))
 
     # Only what changes results is hashed: not batch size, threads, output paths, logging, or
     # where task files live (a task's own config hash covers its generator and params).
@@ -360,7 +413,9 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
         "models": [{"name": m.name, "spec": m.spec, "options": m.options} for m in models],
         "tasks": [{"task": t.name, "version": t.spec.version, "config_hash": t.spec.config_hash(),
                    "lengths": list(t.lengths), "depths": list(t.depths), "loads": list(t.loads),
-                   "samples": t.samples, "probes": len(t.points)} for t in tasks],
+                   "samples": t.samples, "probes": len(t.points),
+                   **({"cells": [c.model_dump() for c in t.cells]} if t.cells else {})}
+                  for t in tasks],
         "limit": suite.limit, "seed": suite.seed,
         "generation": suite.generation.model_dump(mode="json"),
         "lm_eval_tasks": list(suite.lm_eval_tasks),

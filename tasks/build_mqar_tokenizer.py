@@ -1,0 +1,71 @@
+"""Build the MQAR word-level tokenizer: model_adapters/mqar/tokenizer/.
+
+Zoology's MQAR works on token ids (vocabulary 8,192); evalkit's probes are text. This tokenizer
+makes the two the same thing: one whitespace-separated symbol per id, id i <-> tasks.mqar.symbol(i)
+
+    id 0            "_"                 the filler
+    ids 1..4095     "k1" .. "k4095"     keys   (k + the token id)
+    ids 4096..8191  "v4096" .. "v8191"  values (v + the token id)
+
+so a rendered probe encodes to exactly the generator's ids, one token per symbol, and a model
+trained on the generator's id arrays reads the probes unchanged. Built with the `tokenizers`
+library: a WordLevel model over those 8,192 words and a whitespace-split pre-tokenizer. No
+special tokens, no BOS/EOS added, and the unknown-word token is deliberately absent from the
+vocabulary, so encoding a word that is not a symbol raises (tokenizers: "Missing [UNK] token")
+instead of silently mapping it to some id.
+
+    python tasks/build_mqar_tokenizer.py            # writes model_adapters/mqar/tokenizer/
+    python tasks/build_mqar_tokenizer.py --check    # rebuilds in a temp dir, fails if files differ
+
+The vocabulary is a fixed list, nothing is trained: rebuilding gives identical bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import filecmp
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "model_adapters" / "mqar" / "tokenizer"
+UNK = "<not-an-mqar-symbol>"  # named as the unk token but never in the vocabulary: unknown words raise
+
+
+def build(out: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from evalkit.tasks.mqar import VOCAB_SIZE, symbols
+
+    vocab = {s: i for i, s in enumerate(symbols(VOCAB_SIZE))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=1 << 20)
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true",
+                    help="rebuild in a temporary folder and compare with the committed files")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    if not args.check:
+        build(args.out)
+        print(f"wrote {args.out}")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        build(Path(tmp))
+        names = sorted(p.name for p in Path(tmp).iterdir())
+        _, mismatch, errors = filecmp.cmpfiles(tmp, args.out, names, shallow=False)
+        if mismatch or errors:
+            print(f"tokenizer differs from {args.out}: {mismatch + errors}", file=sys.stderr)
+            return 1
+    print(f"{args.out}: reproducible ({', '.join(names)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
