@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evalkit.tasks.mqar import IGNORE, VOCAB_SIZE, check_shape, mqar_batch
+from evalkit.tasks.mqar import IGNORE, VOCAB_SIZE, accuracy, check_shape, mqar_batch
 from evalkit.training.data import TRAIN_SEED_BASE
 from evalkit.training.train import lr_at
 
@@ -155,16 +155,13 @@ def heldout_accuracy(model, fam: MQARFamily) -> tuple[dict[str, float], float]:
     acc, losses = {}, []
     for i, s in enumerate(fam.test_mix):
         ids, t = mqar_batch(fam.heldout, s.length, s.load, seed=HELDOUT_SEED_BASE + i)
-        hits, total = 0.0, 0
+        pred = np.full(t.shape, IGNORE, dtype=np.int64)
         for b in range(0, fam.heldout, 64):
             x, y = torch.from_numpy(ids[b:b + 64]), torch.from_numpy(t[b:b + 64])
-            loss, pred = query_loss(model, x, y)
+            loss, guess = query_loss(model, x, y)
             losses.append(loss.item())
-            right = (pred == y[y != IGNORE]).float()
-            per_row = (y != IGNORE).sum(1).tolist()
-            hits += sum(r.mean().item() for r in torch.split(right, per_row))
-            total += len(per_row)
-        acc[f"{s.length}x{s.load}"] = hits / total
+            pred[b:b + 64][t[b:b + 64] != IGNORE] = guess.numpy()
+        acc[f"{s.length}x{s.load}"] = accuracy(pred, t)
     model.train()
     return acc, float(np.mean(losses))
 
