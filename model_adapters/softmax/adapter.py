@@ -65,6 +65,29 @@ def _load_gguf(folder: Path, gguf: str, dtype: torch.dtype, common: dict) -> tup
     return tok, model
 
 
+def load_causal_lm(folder: Path, gguf: str | None, dtype: torch.dtype, *,
+                   trust_remote_code: bool = False) -> tuple[Any, Any, list[Path]]:
+    """(tokenizer, model, weight files) of a local folder (safetensors only) or GGUF file."""
+    from transformers import AutoModelForCausalLM
+
+    from evalkit.tokenization import load_tokenizer
+
+    common = dict(local_files_only=True, trust_remote_code=trust_remote_code)
+    if gguf:
+        tok, model = _load_gguf(folder, gguf, dtype, common)
+        return tok, model, [folder / gguf]
+    tok = load_tokenizer(folder, trust_remote_code=trust_remote_code)
+    files = _check_folder_weights(folder)
+    # use_safetensors=True: never unpickle .bin weights
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, use_safetensors=True,
+                                                 **common)
+    # transformers casts an int8 tensor to the model's dtype without a word
+    floating = {k for k, v in model.state_dict().items() if v.is_floating_point()}
+    for f in files:
+        check_floating(f, floating)
+    return tok, model, files
+
+
 class SoftmaxAdapter:
     """A transformers causal LM behind the evalkit protocol, with the KV cache as state."""
 
@@ -74,10 +97,6 @@ class SoftmaxAdapter:
                  sink: int = 0, max_length: int | None = None, prefill_chunk: int = 2048,
                  score_batch: int = 32, score_batch_bytes: int = 2 << 30,
                  extra_identity: dict | None = None) -> None:
-        from transformers import AutoModelForCausalLM
-
-        from evalkit.tokenization import load_tokenizer
-
         self.path = str(Path(path).expanduser())
         folder, gguf = split_path(path)
         self.dtype = parse_dtype(dtype)
@@ -90,20 +109,8 @@ class SoftmaxAdapter:
         self.score_batch_bytes = int(score_batch_bytes)  # memory for their cache copies + logits
         self._extra_identity = dict(extra_identity or {})
 
-        common = dict(local_files_only=True, trust_remote_code=self.trust_remote_code)
-        if gguf:
-            self.tokenizer, self.model = _load_gguf(folder, gguf, self.dtype, common)
-            self._weight_files = [folder / gguf]
-        else:
-            self.tokenizer = load_tokenizer(folder, trust_remote_code=self.trust_remote_code)
-            self._weight_files = _check_folder_weights(folder)
-            # use_safetensors=True: never unpickle .bin weights
-            self.model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=self.dtype,
-                                                              use_safetensors=True, **common)
-            # transformers casts an int8 tensor to the model's dtype without a word
-            floating = {k for k, v in self.model.state_dict().items() if v.is_floating_point()}
-            for f in self._weight_files:
-                check_floating(f, floating)
+        self.tokenizer, self.model, self._weight_files = load_causal_lm(
+            folder, gguf, self.dtype, trust_remote_code=self.trust_remote_code)
         self.model.to(self.device).eval()
         self.model.requires_grad_(False)
         self._cache_kw = kv_cache.cache_kwarg(self.model)
@@ -348,8 +355,25 @@ class SoftmaxAdapter:
 
 @register_model("hf", kind="softmax", state_kind="kv", options=SoftmaxAdapter,
                 description="any local Hugging Face causal LM folder or .gguf (hf:PATH)")
-def load_hf(path: str | None, **options: Any) -> SoftmaxAdapter:
-    """`hf:PATH`: a local Hugging Face causal LM folder or .gguf file."""
+def load_hf(path: str | None, **options: Any) -> Any:
+    """`hf:PATH`: a local Hugging Face causal LM folder or .gguf file. A folder whose cache holds
+    recurrent states or conv tails (Mamba, RWKV, hybrids) gets the RecurrentAdapter."""
     if not path:
         raise ValueError("the 'hf' loader needs a path: hf:/path/to/model-folder or hf:/path/to/file.gguf")
+    folder, gguf = split_path(path)
+    if gguf is None:
+        from transformers import AutoConfig
+
+        from evalkit.model_adapters.recurrent import RecurrentAdapter, state_family
+
+        config = AutoConfig.from_pretrained(
+            str(folder), local_files_only=True,
+            trust_remote_code=bool(options.get("trust_remote_code", False)))
+        if state_family(config) == "recurrent":
+            allowed = set(inspect.signature(RecurrentAdapter).parameters) - {"path"}
+            bad = sorted(set(options) - allowed)
+            if bad:
+                raise ValueError(f"{folder}: option(s) {', '.join(bad)} apply to attention models "
+                                 f"only; this is a {config.model_type} model (recurrent state)")
+            return RecurrentAdapter(path, **options)
     return SoftmaxAdapter(path, **options)
