@@ -7,6 +7,7 @@ part is comes from the family's formula below, in elements per sequence:
     conv tail    channels x kernel          (Mamba: intermediate; Mamba-2: intermediate + 2*groups*d_state)
     recurrent    Mamba: intermediate x d_state; Mamba-2: heads x head_dim x d_state;
                  gated delta net (Qwen3-Next): value heads x key dim x value dim
+                 (recurrent states are fp32 whatever the model's dtype; the rest is in its dtype)
     KV per token 2 x kv_heads x head_dim    (sliding layers capped at the window)
     RWKV         5 x hidden x layers        (2 in the model dtype, 3 in fp32: num, den, max)
 
@@ -98,6 +99,9 @@ LINEAR_LAYER: dict[str, Callable[[Any], tuple[int, int]]] = {
     "qwen3_next": _qwen3_next,
 }
 FAMILIES = tuple(sorted(LINEAR_LAYER)) + ("rwkv",)
+# transformers' PyTorch scans compute every recurrent state in fp32 and the cache keeps it so,
+# whatever the model's dtype (measured at bf16 for each family; fused CUDA kernels may differ).
+RECURRENT_ITEMSIZE = 4
 
 
 def _rwkv(cfg: Any, itemsize: int) -> StateBytes:
@@ -122,7 +126,8 @@ def state_at(config: Any, n_tokens: int, dtype: torch.dtype) -> StateBytes:
     for t, kw in zip(types, kwargs):
         if t in ("linear_attention", "conv", "hybrid", "hybrid_sliding"):
             conv, rec = linear(cfg)
-            total = total + StateBytes(fixed=(conv + rec) * size, recurrent=rec > 0)
+            total = total + StateBytes(fixed=conv * size + rec * RECURRENT_ITEMSIZE,
+                                       recurrent=rec > 0)
         if t in ("full_attention", "hybrid"):
             total = total + StateBytes(growing=_kv_per_token(cfg) * n_tokens * size)
         elif t in ("sliding_attention", "chunked_attention", "hybrid_sliding"):
