@@ -30,7 +30,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bf16", help="element type of state and cache (bf16, fp32)")
     p.add_argument("--measure", action=argparse.BooleanOptionalAction, default=None,
                    help="also prefill N tokens into a random model of the config and count its "
-                        "cache (recurrent/hybrid families; default: on for a checkpoint folder)")
+                        "cache (recurrent/hybrid families; default: on unless a config.json file is named)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
     return p
@@ -63,7 +63,9 @@ def figures(spec: str, context: int, dtype: str = "bf16", measure: bool | None =
     if (_model_type(cfg_path) or "gla") != "gla":
         from evalkit.cli.state_hf import hf_figures
 
-        return hf_figures(cfg_path, context, dtype, measure=measure)
+        if measure is None:  # a checkpoint is meant to run here; a bare config.json is not
+            measure = not Path(spec).expanduser().is_file()
+        return hf_figures(cfg_path, context, dtype, measure=bool(measure))
     cfg = GLAConfig.from_json(cfg_path)
     dt = parse_dtype(dtype)
     state, kv = cfg.state_bytes(dt), cfg.kv_bytes(context, dt)

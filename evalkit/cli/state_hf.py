@@ -13,7 +13,7 @@ def _parts(sb) -> dict:
             "kind": sb.kind}
 
 
-def hf_figures(cfg_path: Path, context: int, dtype: str, *, measure: bool | None = None) -> dict:
+def hf_figures(cfg_path: Path, context: int, dtype: str, *, measure: bool) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -36,8 +36,6 @@ def hf_figures(cfg_path: Path, context: int, dtype: str, *, measure: bool | None
     out = {"config": str(cfg_path), "family": family, "dtype": dtype_name(dt), "context": context,
            "parameters": params, "formula": _parts(formula), "state_bytes": formula.total,
            "kv_bytes": kv, "ratio": kv / formula.total}
-    if measure is None:  # a checkpoint folder: the model is meant to run here
-        measure = any(cfg_path.parent.glob("*.safetensors"))
     if measure:
         out["measured"] = _parts(measured_at(config, context, dt))
         out["agree"] = out["measured"] == out["formula"]
