@@ -127,3 +127,19 @@ def test_softmax_only_options_are_refused_by_name(tmp_path):
     folder = build_family("rwkv", tmp_path / "rwkv")
     with pytest.raises(ValueError, match="window.*rwkv"):
         load_model(f"hf:{folder}", window=8)
+
+
+@pytest.mark.parametrize("name", ["mamba", "falcon_h1"])
+def test_memory_matched_baseline_of_a_recurrent_or_hybrid_checkpoint(name, tmp_path):
+    from test_softmax_adapter import build_tiny_llama
+
+    from evalkit.model_adapters.softmax import SoftmaxAdapter
+
+    folder = build_family(name, tmp_path / name)
+    fixed = measured_at(family_config(name), 8, torch.float32).fixed
+    assert fixed == state_at(family_config(name), 8, torch.float32).fixed > 0
+    llama = SoftmaxAdapter(build_tiny_llama(tmp_path / "llama"), match_state_of=f"hf:{folder}")
+    assert llama.kv_budget_bytes == fixed  # a hybrid: its fixed part, not its growing KV
+    assert llama.window == fixed // llama.kv_bytes_per_token
+    with pytest.raises(ValueError, match="no fixed state size"):
+        SoftmaxAdapter(tmp_path / "llama", match_state_of=f"hf:{tmp_path / 'llama'}")

@@ -17,7 +17,7 @@ from evalkit.model_adapters.softmax.describe import max_length_from_config, spli
 from evalkit.model_adapters.softmax.kv_cache import KVProfile, KVState, kv_profile, matched_window
 from evalkit.model_adapters.weights import (WeightFileError, check_floating, index_shards,
                                             safetensors_dtypes, weights_hash)
-from evalkit.models import ModelOptionError, describe_model, register_model
+from evalkit.models import ModelOptionError, register_model
 
 INDEX = "model.safetensors.index.json"
 
@@ -126,10 +126,9 @@ class SoftmaxAdapter:
         if match_state_of is not None:  # memory-matched: the KV budget of another model's state
             if kv_budget_bytes is not None:
                 raise ValueError("pass either kv_budget_bytes or match_state_of, not both")
-            kv_budget_bytes = describe_model(match_state_of)["state_bytes"]
-            if not kv_budget_bytes:
-                raise ValueError(f"match_state_of={match_state_of!r}: that model reports no "
-                                 f"fixed state size to match")
+            from evalkit.model_adapters.recurrent.match import matched_state_bytes
+
+            kv_budget_bytes = matched_state_bytes(match_state_of)
         if kv_budget_bytes is not None:
             if window is not None:
                 raise ValueError("pass either window or kv_budget_bytes, not both")
