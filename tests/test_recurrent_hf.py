@@ -143,3 +143,30 @@ def test_memory_matched_baseline_of_a_recurrent_or_hybrid_checkpoint(name, tmp_p
     assert llama.window == fixed // llama.kv_bytes_per_token
     with pytest.raises(ValueError, match="no fixed state size"):
         SoftmaxAdapter(tmp_path / "llama", match_state_of=f"hf:{tmp_path / 'llama'}")
+
+
+def test_evalkit_run_records_the_measured_state(tmp_path):
+    """Samples of a recurrent and a hybrid checkpoint carry their kind and the bytes of their
+    cache's tensors at the question (the formula at the prompt's length)."""
+    from runner_support import build_tokenizer, read_samples, run, suite_dict
+
+    models = [{"name": n, "spec": f"hf:{build_family(n, tmp_path / n)}", "options": {}}
+              for n in ("mamba2", "bamba")]
+    cfg = suite_dict(build_tokenizer(tmp_path / "tok"), models=models, lengths=[64],
+                     depths=[0.5], loads=[1], samples=1)
+    for m in cfg["models"]:
+        m["options"].pop("tokenizer")  # these checkpoints carry their own
+    assert run(cfg, tmp_path / "run").failed == 0
+    samples = read_samples(tmp_path / "run")
+    assert {s["model"] for s in samples} == {"mamba2", "bamba"}
+    for s in samples:
+        want = state_at(family_config(s["model"]), s["prompt_tokens"], torch.float32)
+        assert (s["state_kind"], s["state_bytes"]) == (KIND[s["model"]], want.total), s
+
+
+def test_hybrids_have_their_own_marker_on_the_board():
+    from evalkit.leaderboard.plots import _style
+
+    kinds = {"h": "hybrid", "r": "recurrent", "k": "kv"}
+    markers = {m: _style(m, kinds, {"r": 0.0})["marker"] for m in kinds}
+    assert len(set(markers.values())) == 3

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import torch
 
 from evalkit.adapter import greedy_generate, greedy_token
+from evalkit.model_adapters.cache_state import cache_state
 from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
 from evalkit.model_adapters.softmax import kv_cache
 from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
@@ -18,6 +19,7 @@ from evalkit.model_adapters.softmax.kv_cache import KVProfile, KVState, kv_profi
 from evalkit.model_adapters.weights import (WeightFileError, check_floating, index_shards,
                                             safetensors_dtypes, weights_hash)
 from evalkit.models import ModelOptionError, register_model
+from evalkit.state_kind import StateBytes
 
 INDEX = "model.safetensors.index.json"
 
@@ -139,7 +141,6 @@ class SoftmaxAdapter:
             self._check_window_support()
         elif self.sink:
             raise ValueError("sink is only meaningful with window or kv_budget_bytes")
-        self.state_kind = "kv-window" if self.window is not None else "kv"
         prof = self._full_profile
         # window mode has only full-attention layers, each capped at the window
         self._profile = (KVProfile(prof.per_token, prof.const, (self.window,) * len(prof.cap))
@@ -154,6 +155,9 @@ class SoftmaxAdapter:
         probe_cache = kv_cache.new_cache(self.model)
         # Shallow copies are safe only for layers that update by concatenation (new tensors).
         self._functional_cache = all(type(layer) in (dyn, sliding) for layer in probe_cache.layers)
+        # kv, or kv-window for a model of sliding layers only: measured from one token's cache
+        self.state_kind = ("kv-window" if self.window is not None
+                           else self.state_parts(self.prefill([0])).kind)
 
     # -- setup helpers
 
@@ -313,6 +317,15 @@ class SoftmaxAdapter:
 
     def state_bytes(self, state: KVState) -> int:
         return sum(t.nbytes for t in self.state_tensors(state))
+
+    def state_parts(self, state: KVState) -> StateBytes:
+        """The cache's bytes by part (an unknown cache layer class is an UnknownCacheError);
+        with a window every KV row is bounded by it."""
+        parts = cache_state(state.cache)
+        if self.window is not None:
+            return StateBytes(fixed=parts.fixed, window=parts.window + parts.growing,
+                              recurrent=parts.recurrent)
+        return parts
 
     # -- description
 
