@@ -14,12 +14,12 @@ VOCAB = 2048  # len() of model_adapters/tiny/tokenizer
 ATTN = dict(num_attention_heads=4, num_key_value_heads=2)
 
 
-def family_config(family: str):
+def family_config(family: str, vocab: int = VOCAB, eos: int = 0):
     """A tiny config of `family` (a transformers model_type)."""
     import transformers as T
 
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, bos_token_id=0,
-                  eos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
+    common = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, bos_token_id=eos,
+                  eos_token_id=eos, pad_token_id=0, tie_word_embeddings=False)
     if family == "mamba":
         return T.MambaConfig(**common, state_size=8, expand=2, conv_kernel=4)
     if family == "falcon_mamba":
@@ -66,19 +66,22 @@ FAMILIES = ("mamba", "falcon_mamba", "mamba2", "rwkv", "jamba", "bamba", "falcon
             "qwen3_next", "zamba2")
 
 
-def build_family(family: str, folder: Path, *, seed: int = 0, peak: float = 4.0) -> Path:
-    """Save a random tiny `family` model (safetensors) and the tiny tokenizer into `folder`.
-    `peak` scales the output head: peaked distributions, so greedy choices are stable."""
+def build_family(family: str, folder: Path, *, seed: int = 0, peak: float = 4.0,
+                 tokenizer: Path = TINY_TOKENIZER, vocab: int = VOCAB, specials: int = 1) -> Path:
+    """Save a random tiny `family` model (safetensors) and `tokenizer`'s files into `folder`.
+    `peak` scales the output head: peaked distributions, so greedy choices are stable; the
+    first `specials` ids (eos among them) get logit 0, below the best of the others: never greedy."""
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(family_config(family))
+    model = AutoModelForCausalLM.from_config(family_config(family, vocab, eos=specials - 1))
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(peak)
-        model.get_output_embeddings().weight[:1] = -1  # the eos token is never greedy
+        model.get_output_embeddings().weight[:specials] = 0
     model.save_pretrained(str(folder))
-    for f in TINY_TOKENIZER.iterdir():
-        shutil.copy(f, folder / f.name)
+    if Path(tokenizer).resolve() != folder.resolve():
+        for f in Path(tokenizer).iterdir():  # a tokenizer folder: tokenizer files only
+            shutil.copy(f, folder / f.name)
     return folder
