@@ -366,7 +366,8 @@ class SoftmaxAdapter:
 
 
 @register_model("hf", kind="softmax", state_kind="kv", options=SoftmaxAdapter,
-                description="any local Hugging Face causal LM folder or .gguf (hf:PATH)")
+                description="any local Hugging Face causal LM folder or .gguf (hf:PATH); "
+                            "recurrent and hybrid families too (state measured from the cache)")
 def load_hf(path: str | None, **options: Any) -> Any:
     """`hf:PATH`: a local Hugging Face causal LM folder or .gguf file. A folder whose cache holds
     recurrent states or conv tails (Mamba, RWKV, hybrids) gets the RecurrentAdapter."""
