@@ -379,10 +379,13 @@ def load_hf(path: str | None, **options: Any) -> Any:
 
         from evalkit.model_adapters.recurrent import RecurrentAdapter, state_family
 
-        config = AutoConfig.from_pretrained(
-            str(folder), local_files_only=True,
-            trust_remote_code=bool(options.get("trust_remote_code", False)))
-        if state_family(config) == "recurrent":
+        try:
+            config = AutoConfig.from_pretrained(
+                str(folder), local_files_only=True,
+                trust_remote_code=bool(options.get("trust_remote_code", False)))
+        except (OSError, ValueError, KeyError):  # unreadable: the softmax load names the file
+            config = None
+        if config is not None and state_family(config) == "recurrent":
             allowed = set(inspect.signature(RecurrentAdapter).parameters) - {"path"}
             bad = sorted(set(options) - allowed)
             if bad:
