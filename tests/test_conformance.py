@@ -71,6 +71,19 @@ def _random_gla(tmp_path_factory):
     return load_model(f"gla:{folder}")
 
 
+def _hf_family(tmp_path_factory, family: str, **options):
+    """A tiny random checkpoint of a transformers recurrent or hybrid family (hf_families)."""
+    from hf_families import build_family
+    from test_softmax_adapter import build_tiny_llama
+
+    folder = tmp_path_factory.mktemp(f"conformance-{family}")
+    build_tiny_llama(folder)  # for its word-level tokenizer (96 ids; 0-2 special)
+    for f in ("config.json", "model.safetensors", "generation_config.json"):
+        (folder / f).unlink(missing_ok=True)
+    build_family(family, folder, tokenizer=folder, vocab=96, specials=3, peak=8.0)
+    return load_model(f"hf:{folder}", **options)
+
+
 CASES = [
     Case("oracle", lambda tp: load_model("oracle"), needs_model="oracle"),
     Case("forgetful", lambda tp: load_model("forgetful"), needs_model="forgetful"),
@@ -78,6 +91,10 @@ CASES = [
     Case("tiny-llama-window", lambda tp: _tiny_llama(tp, window=12, prefill_chunk=5)),
     Case("tiny-llama-window-sink", lambda tp: _tiny_llama(tp, window=12, sink=3, prefill_chunk=4)),
     Case("gla-random", _random_gla, needs_module="evalkit.model_adapters.gla_adapter"),
+    Case("hf-mamba", lambda tp: _hf_family(tp, "mamba")),
+    Case("hf-mamba2", lambda tp: _hf_family(tp, "mamba2", prefill_chunk=7)),
+    Case("hf-rwkv", lambda tp: _hf_family(tp, "rwkv", prefill_chunk=7)),
+    Case("hf-falcon-h1", lambda tp: _hf_family(tp, "falcon_h1", prefill_chunk=7)),
     Case("smollm2-135m", lambda tp: load_model("smollm2-135m")),
     Case("smollm2-135m-window", lambda tp: load_model("smollm2-135m", window=16, prefill_chunk=24)),
     Case("recall-gla-tiny", lambda tp: load_model("recall-gla-tiny"), needs_model="recall-gla-tiny"),

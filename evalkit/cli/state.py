@@ -1,9 +1,13 @@
-"""`evalkit state MODEL_OR_CONFIG --context N [--dtype bf16] [--json]`.
+"""`evalkit state MODEL_OR_CONFIG --context N [--dtype bf16] [--measure] [--json]`.
 
-Prints, without loading weights, a GLA model's parameter count, its recurrent state per
-sequence, the KV cache of a softmax model of the same width and depth at N tokens, and
-their ratio. MODEL_OR_CONFIG: a config.json, a checkpoint folder holding one, "name:PATH",
-or a registered model declared with a `config` (e.g. laplace).
+Prints, without loading weights, a model's parameter count, its state per sequence at N
+tokens, the KV cache of a softmax model of the same width and depth at N tokens, and their
+ratio. MODEL_OR_CONFIG: a config.json, a checkpoint folder holding one, "name:PATH", or a
+registered model declared with a `config` (e.g. laplace). GLA configs and transformers'
+recurrent and hybrid families (Mamba, Mamba-2, RWKV, Jamba, Bamba, Zamba2, FalconH1, LFM2,
+Qwen3-Next) are understood; for the latter the state is split into fixed, window and growing
+bytes, from the config's formula and, with --measure (the default for a checkpoint folder),
+from an actual prefill of N tokens into a random model of that config.
 """
 from __future__ import annotations
 
@@ -24,6 +28,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="config.json, checkpoint folder, name:PATH or registered model name")
     p.add_argument("--context", type=int, default=8192, help="tokens for the KV-cache comparison")
     p.add_argument("--dtype", default="bf16", help="element type of state and cache (bf16, fp32)")
+    p.add_argument("--measure", action=argparse.BooleanOptionalAction, default=None,
+                   help="also prefill N tokens into a random model of the config and count its "
+                        "cache (recurrent/hybrid families; default: on unless a config.json file is named)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
     return p
@@ -47,12 +54,18 @@ def resolve_config(spec: str) -> Path:
     return cfg
 
 
-def figures(spec: str, context: int, dtype: str = "bf16") -> dict:
+def figures(spec: str, context: int, dtype: str = "bf16", measure: bool | None = None) -> dict:
     from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
     from evalkit.model_adapters.gla.config import GLAConfig
 
     check_tokens(context, "--context")
     cfg_path = resolve_config(spec)
+    if (_model_type(cfg_path) or "gla") != "gla":
+        from evalkit.cli.state_hf import hf_figures
+
+        if measure is None:  # a checkpoint is meant to run here; a bare config.json is not
+            measure = not Path(spec).expanduser().is_file()
+        return hf_figures(cfg_path, context, dtype, measure=bool(measure))
     cfg = GLAConfig.from_json(cfg_path)
     dt = parse_dtype(dtype)
     state, kv = cfg.state_bytes(dt), cfg.kv_bytes(context, dt)
@@ -61,14 +74,26 @@ def figures(spec: str, context: int, dtype: str = "bf16") -> dict:
             "ratio": kv / state}
 
 
+def _model_type(cfg_path: Path) -> str | None:
+    try:
+        return json.loads(cfg_path.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None  # GLAConfig.from_json names what is wrong with the file
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        f = figures(args.model, args.context, args.dtype)
+        f = figures(args.model, args.context, args.dtype, args.measure)
     except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"evalkit state: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(f))
+        return 0
+    if "family" in f:
+        from evalkit.cli.state_hf import print_hf
+
+        print_hf(f)
         return 0
     print(f"config       {f['config']}")
     print(f"parameters   {f['parameters']:,} ({f['parameters'] / 1e9:.3f} B)")

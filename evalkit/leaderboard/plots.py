@@ -19,7 +19,7 @@ from evalkit.leaderboard.derived import KNEE_LEVEL, logistic
 from evalkit.leaderboard.tables import aggregate
 
 _DPI = 110
-_KIND_MARKER = {"recurrent": "o", "kv": "s", "kv-window": "D", "memory": "^"}
+_KIND_MARKER = {"recurrent": "o", "hybrid": "P", "kv": "s", "kv-window": "D", "memory": "^"}
 
 
 def slug(text: str) -> str:
@@ -270,14 +270,15 @@ def _by_state(samples: pd.DataFrame, identities: dict, task: str) -> pd.DataFram
 
 
 def _style(m: str, kinds: dict, rank: dict) -> dict:
-    """Recurrent models light to dark by state size; softmax black, its window grey."""
+    """Recurrent models light to dark by state size; softmax black, its window grey; hybrids
+    purple, with their own marker."""
     from matplotlib import colormaps
 
     kind = kinds.get(m, "")
     if kind == "recurrent":
         color = colormaps["viridis"](0.15 + 0.7 * rank.get(m, 0))
     else:
-        color = {"kv": "black", "kv-window": "grey"}.get(kind, "tab:red")
+        color = {"kv": "black", "kv-window": "grey", "hybrid": "tab:purple"}.get(kind, "tab:red")
     return {"color": color, "marker": _KIND_MARKER.get(kind, "o"),
             "ls": "--" if kind == "kv-window" else "-"}
 

@@ -93,7 +93,12 @@ def answer(run: ModelRun, item: Item, state: Any, *, consume: bool, feed: bool =
                                          f"are broken (NaN weights or config?)")
             sample.candidate_logprobs = logprobs
         sample.scores = score_sample(sample.prediction, q.gold, logprobs, q.kind)
-        sample.state_bytes = int(model.state_bytes(s))
+        parts = getattr(model, "state_parts", None)
+        if parts is not None:  # kind and bytes as measured from this state's tensors
+            measured = parts(s)
+            sample.state_bytes, sample.state_kind = int(measured.total), measured.kind
+        else:
+            sample.state_bytes = int(model.state_bytes(s))
     except Exception as e:  # one bad sample must not end the run
         sample = failed(run, item, e)
     sample.latency_s = time.perf_counter() - t0

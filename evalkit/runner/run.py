@@ -80,6 +80,8 @@ class _Session:
                              f"{e}") from e
         identity = provenance.jsonable(check_identity(dict(adapter.identity()), m.spec))
         mhash = provenance.identity_hash(identity, m.options)
+        # the adapter's kind, measured from its cache at load (hf adapters), never the
+        # registry's static state_kind; each sample then records its own measured state
         kind = str(adapter.state_kind)
         same = [n for n, d in self.models.items() if d["hash"] == mhash]
         if same:

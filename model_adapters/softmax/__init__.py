@@ -1,8 +1,9 @@
 """Softmax-attention adapter: any local Hugging Face causal LM folder or .gguf file, KV cache as state.
 
 Registered as the path loader "hf" (`load_model("hf:/path/to/folder")`, or a bare path whose
-config is not GLA). Local files only; `trust_remote_code` stays off unless the caller passes it;
-folders load from safetensors only. GGUF files go through transformers' GGUF loader (dequantised
+config is not GLA); a folder whose cache would hold recurrent states or conv tails (Mamba, RWKV,
+hybrids) is handed to `evalkit.model_adapters.recurrent.RecurrentAdapter`. Local files only;
+`trust_remote_code` stays off unless the caller passes it; folders load from safetensors only. GGUF files go through transformers' GGUF loader (dequantised
 on every load: slow; see `evalkit.model_adapters.embedded` for convert-once caching).
 
 State: a transformers `DynamicCache` (the KV cache), the absolute length, and the next-token

@@ -11,13 +11,15 @@ from typing import Any, Sequence
 import torch
 
 from evalkit.adapter import greedy_generate, greedy_token
+from evalkit.model_adapters.cache_state import cache_state
 from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
 from evalkit.model_adapters.softmax import kv_cache
 from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
 from evalkit.model_adapters.softmax.kv_cache import KVProfile, KVState, kv_profile, matched_window
 from evalkit.model_adapters.weights import (WeightFileError, check_floating, index_shards,
                                             safetensors_dtypes, weights_hash)
-from evalkit.models import ModelOptionError, describe_model, register_model
+from evalkit.models import ModelOptionError, register_model
+from evalkit.state_kind import StateBytes
 
 INDEX = "model.safetensors.index.json"
 
@@ -65,6 +67,29 @@ def _load_gguf(folder: Path, gguf: str, dtype: torch.dtype, common: dict) -> tup
     return tok, model
 
 
+def load_causal_lm(folder: Path, gguf: str | None, dtype: torch.dtype, *,
+                   trust_remote_code: bool = False) -> tuple[Any, Any, list[Path]]:
+    """(tokenizer, model, weight files) of a local folder (safetensors only) or GGUF file."""
+    from transformers import AutoModelForCausalLM
+
+    from evalkit.tokenization import load_tokenizer
+
+    common = dict(local_files_only=True, trust_remote_code=trust_remote_code)
+    if gguf:
+        tok, model = _load_gguf(folder, gguf, dtype, common)
+        return tok, model, [folder / gguf]
+    tok = load_tokenizer(folder, trust_remote_code=trust_remote_code)
+    files = _check_folder_weights(folder)
+    # use_safetensors=True: never unpickle .bin weights
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, use_safetensors=True,
+                                                 **common)
+    # transformers casts an int8 tensor to the model's dtype without a word
+    floating = {k for k, v in model.state_dict().items() if v.is_floating_point()}
+    for f in files:
+        check_floating(f, floating)
+    return tok, model, files
+
+
 class SoftmaxAdapter:
     """A transformers causal LM behind the evalkit protocol, with the KV cache as state."""
 
@@ -74,10 +99,6 @@ class SoftmaxAdapter:
                  sink: int = 0, max_length: int | None = None, prefill_chunk: int = 2048,
                  score_batch: int = 32, score_batch_bytes: int = 2 << 30,
                  extra_identity: dict | None = None) -> None:
-        from transformers import AutoModelForCausalLM
-
-        from evalkit.tokenization import load_tokenizer
-
         self.path = str(Path(path).expanduser())
         folder, gguf = split_path(path)
         self.dtype = parse_dtype(dtype)
@@ -90,20 +111,8 @@ class SoftmaxAdapter:
         self.score_batch_bytes = int(score_batch_bytes)  # memory for their cache copies + logits
         self._extra_identity = dict(extra_identity or {})
 
-        common = dict(local_files_only=True, trust_remote_code=self.trust_remote_code)
-        if gguf:
-            self.tokenizer, self.model = _load_gguf(folder, gguf, self.dtype, common)
-            self._weight_files = [folder / gguf]
-        else:
-            self.tokenizer = load_tokenizer(folder, trust_remote_code=self.trust_remote_code)
-            self._weight_files = _check_folder_weights(folder)
-            # use_safetensors=True: never unpickle .bin weights
-            self.model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=self.dtype,
-                                                              use_safetensors=True, **common)
-            # transformers casts an int8 tensor to the model's dtype without a word
-            floating = {k for k, v in self.model.state_dict().items() if v.is_floating_point()}
-            for f in self._weight_files:
-                check_floating(f, floating)
+        self.tokenizer, self.model, self._weight_files = load_causal_lm(
+            folder, gguf, self.dtype, trust_remote_code=self.trust_remote_code)
         self.model.to(self.device).eval()
         self.model.requires_grad_(False)
         self._cache_kw = kv_cache.cache_kwarg(self.model)
@@ -119,10 +128,9 @@ class SoftmaxAdapter:
         if match_state_of is not None:  # memory-matched: the KV budget of another model's state
             if kv_budget_bytes is not None:
                 raise ValueError("pass either kv_budget_bytes or match_state_of, not both")
-            kv_budget_bytes = describe_model(match_state_of)["state_bytes"]
-            if not kv_budget_bytes:
-                raise ValueError(f"match_state_of={match_state_of!r}: that model reports no "
-                                 f"fixed state size to match")
+            from evalkit.model_adapters.recurrent.match import matched_state_bytes
+
+            kv_budget_bytes = matched_state_bytes(match_state_of)
         if kv_budget_bytes is not None:
             if window is not None:
                 raise ValueError("pass either window or kv_budget_bytes, not both")
@@ -133,7 +141,6 @@ class SoftmaxAdapter:
             self._check_window_support()
         elif self.sink:
             raise ValueError("sink is only meaningful with window or kv_budget_bytes")
-        self.state_kind = "kv-window" if self.window is not None else "kv"
         prof = self._full_profile
         # window mode has only full-attention layers, each capped at the window
         self._profile = (KVProfile(prof.per_token, prof.const, (self.window,) * len(prof.cap))
@@ -148,6 +155,9 @@ class SoftmaxAdapter:
         probe_cache = kv_cache.new_cache(self.model)
         # Shallow copies are safe only for layers that update by concatenation (new tensors).
         self._functional_cache = all(type(layer) in (dyn, sliding) for layer in probe_cache.layers)
+        # kv, or kv-window for a model of sliding layers only: measured from one token's cache
+        self.state_kind = ("kv-window" if self.window is not None
+                           else self.state_parts(self.prefill([0])).kind)
 
     # -- setup helpers
 
@@ -308,6 +318,15 @@ class SoftmaxAdapter:
     def state_bytes(self, state: KVState) -> int:
         return sum(t.nbytes for t in self.state_tensors(state))
 
+    def state_parts(self, state: KVState) -> StateBytes:
+        """The cache's bytes by part (an unknown cache layer class is an UnknownCacheError);
+        with a window every KV row is bounded by it."""
+        parts = cache_state(state.cache)
+        if self.window is not None:
+            return StateBytes(fixed=parts.fixed, window=parts.window + parts.growing,
+                              recurrent=parts.recurrent)
+        return parts
+
     # -- description
 
     @property
@@ -347,9 +366,30 @@ class SoftmaxAdapter:
 
 
 @register_model("hf", kind="softmax", state_kind="kv", options=SoftmaxAdapter,
-                description="any local Hugging Face causal LM folder or .gguf (hf:PATH)")
-def load_hf(path: str | None, **options: Any) -> SoftmaxAdapter:
-    """`hf:PATH`: a local Hugging Face causal LM folder or .gguf file."""
+                description="any local Hugging Face causal LM folder or .gguf (hf:PATH); "
+                            "recurrent and hybrid families too (state measured from the cache)")
+def load_hf(path: str | None, **options: Any) -> Any:
+    """`hf:PATH`: a local Hugging Face causal LM folder or .gguf file. A folder whose cache holds
+    recurrent states or conv tails (Mamba, RWKV, hybrids) gets the RecurrentAdapter."""
     if not path:
         raise ValueError("the 'hf' loader needs a path: hf:/path/to/model-folder or hf:/path/to/file.gguf")
+    folder, gguf = split_path(path)
+    if gguf is None:
+        from transformers import AutoConfig
+
+        from evalkit.model_adapters.recurrent import RecurrentAdapter, state_family
+
+        try:
+            config = AutoConfig.from_pretrained(
+                str(folder), local_files_only=True,
+                trust_remote_code=bool(options.get("trust_remote_code", False)))
+        except (OSError, ValueError, KeyError):  # unreadable: the softmax load names the file
+            config = None
+        if config is not None and state_family(config) == "recurrent":
+            allowed = set(inspect.signature(RecurrentAdapter).parameters) - {"path"}
+            bad = sorted(set(options) - allowed)
+            if bad:
+                raise ValueError(f"{folder}: option(s) {', '.join(bad)} apply to attention models "
+                                 f"only; this is a {config.model_type} model (recurrent state)")
+            return RecurrentAdapter(path, **options)
     return SoftmaxAdapter(path, **options)

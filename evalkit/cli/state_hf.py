@@ -1,0 +1,58 @@
+"""`evalkit state` for transformers' recurrent and hybrid families: the state's fixed, window and
+growing bytes at N tokens from the config's formula and, measured, from a prefill of a random
+model of that config (model_adapters.recurrent.measure)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+PARTS = ("fixed", "window", "growing", "total")
+
+
+def _parts(sb) -> dict:
+    return {"fixed": sb.fixed, "window": sb.window, "growing": sb.growing, "total": sb.total,
+            "kind": sb.kind}
+
+
+def hf_figures(cfg_path: Path, context: int, dtype: str, *, measure: bool) -> dict:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
+    from evalkit.model_adapters.recurrent import FAMILIES, state_at
+    from evalkit.model_adapters.recurrent.measure import measured_at
+
+    config = AutoConfig.from_pretrained(str(cfg_path), local_files_only=True)
+    family = config.get_text_config(decoder=True).model_type
+    if family not in FAMILIES:
+        raise ValueError(f"{cfg_path}: model_type is {family!r}; evalkit state knows 'gla' and "
+                         f"{', '.join(FAMILIES)}")
+    dt = parse_dtype(dtype)
+    with torch.device("meta"):  # parameters without allocating any weight
+        params = AutoModelForCausalLM.from_config(config, dtype=dt).num_parameters()
+    cfg = config.get_text_config(decoder=True)
+    formula = state_at(config, context, dt)
+    size = torch.empty(0, dtype=dt).element_size()
+    kv = 2 * cfg.num_hidden_layers * cfg.hidden_size * context * size  # same-width softmax
+    out = {"config": str(cfg_path), "family": family, "dtype": dtype_name(dt), "context": context,
+           "parameters": params, "formula": _parts(formula), "state_bytes": formula.total,
+           "kv_bytes": kv, "ratio": kv / formula.total}
+    if measure:
+        out["measured"] = _parts(measured_at(config, context, dt))
+        out["agree"] = out["measured"] == out["formula"]
+    return out
+
+
+def print_hf(f: dict) -> None:
+    def row(label: str, p: dict) -> str:
+        return (f"{label:<12} {p['total']:,} B ({p['kind']}): fixed {p['fixed']:,} + window "
+                f"{p['window']:,} + growing {p['growing']:,}")
+
+    print(f"config       {f['config']}")
+    print(f"family       {f['family']} ({f['dtype']}, {f['context']:,} tokens)")
+    print(f"parameters   {f['parameters']:,} ({f['parameters'] / 1e9:.3f} B)")
+    print(row("formula", f["formula"]))
+    if "measured" in f:
+        print(row("measured", f["measured"]) + ("" if f["agree"] else "   DISAGREES"))
+    print(f"KV cache     {f['kv_bytes']:,} B for a same-width softmax model at {f['context']:,} "
+          f"tokens ({f['kv_bytes'] / 1e9:.3f} GB)")
+    print(f"ratio        {f['ratio']:.1f}x")

@@ -1,0 +1,228 @@
+"""RecurrentAdapter: a transformers recurrent or hybrid causal LM (Mamba, Mamba-2, RWKV, Jamba,
+Bamba, Zamba2, FalconH1, LFM2, Qwen3-Next) behind the evalkit protocol, its cache as the state.
+
+Prefill once, fork per question by cloning the cache, decode and score through it. The state's
+bytes and kind are counted from the cache's tensors after each step (model_adapters.cache_state),
+never assumed from the family.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from evalkit.adapter import greedy_generate, greedy_token
+from evalkit.model_adapters.cache_state import TensorState, cache_state, cache_tensors, fork_cache
+from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
+from evalkit.model_adapters.recurrent.formula import state_at
+from evalkit.model_adapters.softmax.adapter import load_causal_lm, torch_device
+from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
+from evalkit.model_adapters.softmax.kv_cache import KVState
+from evalkit.model_adapters.weights import weights_hash
+from evalkit.state_kind import StateBytes
+
+# Their full-sequence selective scan starts from a zero state (transformers' mamba_selective_scan:
+# "Initial hidden state is not supported"), so once the cache holds a state, tokens must go one
+# at a time, and a prefill must be one forward.
+ZERO_START_SCAN = frozenset({"mamba", "falcon_mamba", "jamba"})
+
+
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    gc = getattr(model, "generation_config", None)
+    for src in (getattr(gc, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(i) for i in src)
+    return ids
+
+
+class RecurrentAdapter:
+    """A transformers model whose cache holds recurrent states or conv tails (maybe beside KV)."""
+
+    def __init__(self, path: str | os.PathLike, *, name: str | None = None, device: str = "cpu",
+                 dtype: Any = "fp32", trust_remote_code: bool = False,
+                 max_length: int | None = None, prefill_chunk: int = 2048,
+                 extra_identity: dict | None = None) -> None:
+        from transformers import DynamicCache
+
+        folder, gguf = split_path(path)
+        if gguf:
+            raise ValueError(f"{path}: GGUF files are read for softmax models only; convert the "
+                             f"recurrent model to a safetensors folder")
+        self.dtype = parse_dtype(dtype)
+        self.device = torch_device(device)
+        self.trust_remote_code = bool(trust_remote_code)
+        if int(prefill_chunk) < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.prefill_chunk = int(prefill_chunk)
+        self._extra_identity = dict(extra_identity or {})
+        self.tokenizer, self.model, self._weight_files = load_causal_lm(
+            folder, None, self.dtype, trust_remote_code=self.trust_remote_code)
+        self.model.to(self.device).eval()
+        self.model.requires_grad_(False)
+        self.model_type = self.model.config.get_text_config(decoder=True).model_type
+        self._tensor_state = self.model_type == "rwkv"  # state passed as a list of tensors
+        self._dynamic_cache = DynamicCache
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._keeps_logits = "logits_to_keep" in params
+        self._stepwise = self.model_type in ZERO_START_SCAN
+        self._vocab = self.model.get_input_embeddings().num_embeddings
+        cfg_max = max_length_from_config(self.model.config)
+        self.max_length = int(max_length) if max_length is not None else cfg_max
+        self.name = name or folder.name
+        self._eos = eos_ids(self.model, self.tokenizer)
+        # The kind is what one token's state holds (measured, not assumed from the family).
+        self.state_kind = self.state_parts(self.prefill([0])).kind
+
+    # -- core forward
+
+    def _new_cache(self) -> Any:
+        return None if self._tensor_state else self._dynamic_cache(config=self.model.config)
+
+    def _check_ids(self, ids: Sequence[int]) -> list[int]:
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self._vocab]
+        if bad:
+            raise ValueError(f"{self.name}: token id {bad[0]} is outside the vocabulary "
+                             f"[0, {self._vocab})")
+        return ids
+
+    def _check_room(self, length: int, what: str) -> None:
+        if self.max_length is not None and length > self.max_length:
+            raise ValueError(f"{self.name}: {what} needs {length} tokens, more than max_length "
+                             f"{self.max_length}; evalkit never truncates -- shorten the probe or "
+                             f"pass max_length explicitly")
+
+    def _pieces(self, start: int, n: int) -> list[tuple[int, int]]:
+        """(offset, length) of the forwards that feed n tokens after `start` earlier ones."""
+        if self._stepwise:
+            if start == 0:
+                return [(0, n)] if n else []  # a prefill: one forward, from the zero state
+            return [(i, 1) for i in range(n)]
+        return [(i, min(self.prefill_chunk, n - i)) for i in range(0, n, self.prefill_chunk)]
+
+    @torch.inference_mode()
+    def _forward(self, cache: Any, start: int, ids: Sequence[int], all_logits: bool
+                 ) -> tuple[Any, torch.Tensor]:
+        """Feed `ids` at positions start.. into `cache` (updated in place or replaced).
+        Returns (cache, fp32 logits): [n, V] if all_logits else [V] for the last position."""
+        x_all = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        outs: list[torch.Tensor] = []
+        for off, q in self._pieces(start, len(ids)):
+            x = x_all[:, off: off + q]
+            kw: dict[str, Any] = {"use_cache": True}
+            if self._tensor_state:
+                kw["state"] = cache.tensors if cache is not None else None
+            else:
+                kw[self._cache_kw] = cache
+                pos0 = start + off
+                kw["position_ids"] = torch.arange(pos0, pos0 + q, device=self.device)[None]
+                if self._keeps_logits:
+                    kw["logits_to_keep"] = 0 if all_logits else 1
+            out = self.model(input_ids=x, **kw)
+            if self._tensor_state:
+                cache = TensorState(list(out.state))
+            outs.append(out.logits[0].float() if all_logits else out.logits[0, -1:].float())
+        logits = torch.cat(outs, dim=0)
+        return cache, (logits if all_logits else logits[-1])
+
+    # -- protocol
+
+    def prefill(self, token_ids: Sequence[int]) -> KVState:
+        ids = self._check_ids(token_ids)
+        if not ids:
+            raise ValueError(f"{self.name}: prefill needs at least one token")
+        self._check_room(len(ids), "prefill")
+        cache, logits = self._forward(self._new_cache(), 0, ids, all_logits=False)
+        return KVState(cache, len(ids), logits)
+
+    def extend(self, state: KVState, token_ids: Sequence[int]) -> KVState:
+        ids = self._check_ids(token_ids)
+        if not ids:
+            return state
+        self._check_room(state.length + len(ids), "extend")
+        state.cache, state.logits = self._forward(state.cache, state.length, ids, all_logits=False)
+        state.length += len(ids)
+        return state
+
+    def fork(self, state: KVState) -> KVState:
+        return KVState(fork_cache(state.cache), state.length, state.logits.clone())
+
+    def generate(self, state: KVState, max_new_tokens: int, stop: Sequence[str] | None = None) -> str:
+        scratch = {"cache": None, "length": state.length}
+
+        def step(tok: int) -> int:
+            self._check_room(scratch["length"] + 1, "generation")
+            if scratch["cache"] is None:
+                scratch["cache"] = fork_cache(state.cache)
+            scratch["cache"], logits = self._forward(scratch["cache"], scratch["length"], [tok],
+                                                     all_logits=False)
+            scratch["length"] += 1
+            return greedy_token(logits)
+
+        return greedy_generate(greedy_token(state.logits), step,
+                               decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                               eos=self._eos, max_new_tokens=max_new_tokens, stop=stop)
+
+    def score(self, state: KVState, continuations: Sequence[Sequence[int]]) -> list[float]:
+        conts = [self._check_ids(c) for c in continuations]
+        if any(not c for c in conts):
+            raise ValueError(f"{self.name}: cannot score an empty continuation")
+        first = torch.log_softmax(state.logits, dim=-1)
+        scores = [first[c[0]].item() for c in conts]
+        # one forked cache per continuation: recurrent layers update in place, and a padded batch
+        # would need per-row masking inside their scans
+        for i, c in enumerate(conts):
+            if len(c) < 2:
+                continue
+            self._check_room(state.length + len(c) - 1, "score")
+            _, logits = self._forward(fork_cache(state.cache), state.length, c[:-1], all_logits=True)
+            lp = torch.log_softmax(logits, dim=-1)
+            tgt = torch.tensor(c[1:], device=lp.device)
+            scores[i] += lp.gather(1, tgt[:, None]).sum().item()
+        return scores
+
+    def state_parts(self, state: KVState) -> StateBytes:
+        """The state's bytes by part, counted from the cache's tensors (not the logits)."""
+        return cache_state(state.cache)
+
+    def state_tensors(self, state: KVState) -> list[torch.Tensor]:
+        return cache_tensors(state.cache)
+
+    def state_bytes(self, state: KVState) -> int:
+        return self.state_parts(state).total
+
+    # -- description
+
+    def state_bytes_at(self, n_tokens: int) -> int:
+        """State bytes after `n_tokens` tokens from the config's formula (equals the measured)."""
+        return state_at(self.model.config, int(n_tokens), self.dtype).total
+
+    def num_parameters(self) -> int:
+        return self.model.num_parameters()
+
+    def identity(self) -> dict:
+        import transformers
+
+        from evalkit.tokenization import tokenizer_hash
+
+        ident = {
+            "name": self.name,
+            "kind": "recurrent-hf",  # no path: a fingerprint must not depend on where files live
+            "model_type": self.model_type,
+            "weights_hash": weights_hash(self._weight_files),
+            "weights_files": sorted(f.name for f in self._weight_files),
+            "tokenizer_hash": tokenizer_hash(self.tokenizer),
+            "dtype": dtype_name(self.dtype),
+            "device": str(self.device),
+            "max_length": self.max_length,
+            "transformers": transformers.__version__,
+        }
+        ident.update(self._extra_identity)
+        return ident
