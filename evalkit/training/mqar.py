@@ -184,7 +184,7 @@ def train_run(fam: MQARFamily, m: Member, lr: float, steps: int, *, minutes: flo
     model = build_model(cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
                             weight_decay=fam.weight_decay)
-    t0, losses, evals, stop = time.time(), [], [], "steps"
+    t0, losses, evals, stop = time.time(), [], [], "every planned step"
     for step, s in enumerate(plan(fam, steps)):
         ids, t = mqar_batch(s.batch, s.length, s.load, seed=TRAIN_SEED_BASE + step)
         for g in opt.param_groups:
