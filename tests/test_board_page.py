@@ -191,6 +191,13 @@ def test_page_in_headless_chromium(board, browser, tmp_path):
     assert drawn(browser, ".heatmap .hm image") > 0
     assert drawn(browser, ".state-chart svg.main-svg") > 0
     assert drawn(browser, ".state-chart .scatterlayer .point") > 0
+    # Hovering a point shows its model, value, n and interval (drawn from the page's data).
+    hover = browser.execute_script("""
+        const div = document.querySelector('.state-chart');
+        Plotly.Fx.hover(div, [{curveNumber: 0, pointNumber: 0}]);
+        return Array.from(div.querySelectorAll('.hoverlayer .hovertext'))
+                    .map(e => e.textContent).join(' ');""")
+    assert re.search(r"forgetful.*recall \d\.\d{3}, n = \d+, 95 % interval", hover), hover
     # Choosing another model redraws the heatmaps.
     Select(browser.find_element(By.ID, "heatmap-model")).select_by_value("forgetful")
     assert drawn(browser, ".heatmap .hm image") > 0

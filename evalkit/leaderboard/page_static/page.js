@@ -144,16 +144,18 @@
   function heatmap(div, cells, axis, axisLabel, model, task) {
     var xs = uniq(cells, "target_length"), ys = uniq(cells, axis);
     var z = ys.map(function () { return xs.map(function () { return null; }); });
-    var text = ys.map(function () { return xs.map(function () { return ""; }); });
+    var blank = function () { return ys.map(function () { return xs.map(function () { return ""; }); }); };
+    var label = blank(), hover = blank();  // the cell's label; what hovering it says
     cells.forEach(function (c) {
       var i = ys.indexOf(c[axis]), j = xs.indexOf(c.target_length);
       z[i][j] = c.n > 0 ? c.recall : null;
-      text[i][j] = model + "<br>" + task + ", length " + fmtLen(c.target_length) + ", " + axis + " " +
-                   c[axis] + "<br>" + cellInfo(c);
+      label[i][j] = c.n > 0 ? fmt(c.recall, 2) : "— (" + (c.n_flagged ? c.n_flagged + " flagged" : "n = 0") + ")";
+      hover[i][j] = model + "<br>" + task + ", length " + fmtLen(c.target_length) + ", " + axis + " " +
+                    c[axis] + "<br>" + cellInfo(c);
     });
-    var trace = {type: "heatmap", x: xs.map(fmtLen), y: ys.map(String), z: z, text: text,
-                 zmin: 0, zmax: 1, colorscale: "Viridis", hoverongaps: true,
-                 texttemplate: "%{z:.2f}", hovertemplate: "%{text}<extra></extra>",
+    var trace = {type: "heatmap", x: xs.map(fmtLen), y: ys.map(String), z: z, text: label,
+                 customdata: hover, zmin: 0, zmax: 1, colorscale: "Viridis", hoverongaps: true,
+                 texttemplate: "%{text}", hovertemplate: "%{customdata}<extra></extra>",
                  colorbar: {title: {text: "recall"}, thickness: 12}};
     Plotly.react(div, [trace], {
       title: {text: task + ": length x " + axisLabel, font: {size: 14}, x: 0.01, xanchor: "left"},
