@@ -88,7 +88,7 @@
 
   // -- header ----------------------------------------------------------------------------------
   document.getElementById("summary").textContent =
-    D.rows.length + " rows from " + D.n_runs + " run(s), the latest from " + D.latest +
+    D.rows.length + (D.rows.length === 1 ? " row" : " rows") + " from " + D.n_runs + " run(s), the latest from " + D.latest +
     "; published by evalkit " + D.version + ". Generated from the same rows as results.csv.";
 
   // -- results table with filters ----------------------------------------------------------------
@@ -209,7 +209,7 @@
       margin: {l: 60, r: 20, t: 20, b: 50}, hovermode: "closest",
       xaxis: {title: {text: "bytes held at the question (log)"}, type: "log"},
       yaxis: {title: {text: "recall"}, range: [-0.05, 1.05]},
-      legend: {font: {size: 11}}
+      showlegend: true, legend: {font: {size: 11}}  // named even with one model
     }, PLOT_CONFIG);
   });
 
