@@ -141,6 +141,9 @@
   var models = uniq(D.rows, "model_label");
   var modelSel = document.getElementById("heatmap-model");
   models.forEach(function (m) { modelSel.appendChild(el("option", {value: m}, m)); });
+  // Start on a recurrent model, the board's subject, when there is one.
+  var firstRecurrent = models.filter(function (m) { return D.kinds[m] === "recurrent"; })[0];
+  if (firstRecurrent) modelSel.value = firstRecurrent;
   function heatmap(div, cells, axis, axisLabel, model, task) {
     var xs = uniq(cells, "target_length"), ys = uniq(cells, axis);
     var z = ys.map(function () { return xs.map(function () { return null; }); });
