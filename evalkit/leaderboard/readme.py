@@ -204,10 +204,7 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
         w("Not drawn:\n")
         w("\n".join(f"- {s}" for s in skipped) + "\n")
 
-    preference = "\n".join(f"  - `{m}`: {scoring.get(m).summary}"
-                           for m in scoring.recall_preference())
-    w(HOW_TO_READ.format(threshold=o.threshold, knee=derived.KNEE_LEVEL, n_boot=o.n_boot,
-                         seed=o.seed, preference=preference))
+    w(how_to_read(o))
     w(_provenance(board, version))
     return "\n".join(out).rstrip() + "\n"
 
@@ -277,6 +274,14 @@ def capacity_section(board: Board) -> str:
     if verdicts:
         out.append("\n".join(verdicts) + "\n")
     return "\n".join(out)
+
+
+def how_to_read(o) -> str:
+    """The definitions section (Markdown), shared by the README and the page (page.py)."""
+    preference = "\n".join(f"  - `{m}`: {scoring.get(m).summary}"
+                            for m in scoring.recall_preference())
+    return HOW_TO_READ.format(threshold=o.threshold, knee=derived.KNEE_LEVEL, n_boot=o.n_boot,
+                              seed=o.seed, preference=preference)
 
 
 HOW_TO_READ = """## How to read

@@ -1,0 +1,258 @@
+"""The board as a page (issue 23): `evalkit publish` writes index.html, opened here in headless
+Chromium (Debian's chromium + chromium-driver, driven by selenium) from file:// with the
+network off. Boards come from small real runs (runner_support): the toy task with oracle and
+forgetful, a one-model one-cell run, and a copy with one cell flagged only.
+
+Without chromium the browser tests skip, naming what is missing, except under CI=true
+(`make setup-browser` installs it there), where its absence fails them.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from evalkit.leaderboard import publish
+from evalkit.leaderboard.page import wilson
+from helpers import restamp
+from runner_support import build_tokenizer, run, small_run, suite_dict
+
+CHROMIUM = ("chromium", "chromium-browser")
+DRIVER = "chromedriver"
+
+
+def _binaries() -> tuple[str | None, str | None]:
+    browser = next((p for p in map(shutil.which, CHROMIUM) if p), None)
+    return browser, shutil.which(DRIVER)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    browser, driver_path = _binaries()
+    if not (browser and driver_path):
+        missing = ", ".join(n for n, p in (("chromium", browser), ("chromedriver", driver_path))
+                            if not p)
+        why = (f"{missing} not found: install Debian's chromium and chromium-driver "
+               f"(make setup-browser)")
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {why}")
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1000", "--disable-extensions", "--no-first-run"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # The driver binary is given, so selenium-manager never looks for (or downloads) one.
+    drv = webdriver.Chrome(options=opts, service=Service(executable_path=driver_path))
+    try:
+        yield drv
+    finally:
+        drv.quit()
+
+
+def open_offline(drv, page: Path) -> list[dict]:
+    """Load the page with the network emulated off; the console entries of this load."""
+    drv.get_log("browser")  # drop what an earlier page logged
+    drv.execute_cdp_cmd("Network.enable", {})
+    drv.execute_cdp_cmd("Network.emulateNetworkConditions",
+                        {"offline": True, "latency": 0, "downloadThroughput": -1,
+                         "uploadThroughput": -1})
+    drv.get(page.resolve().as_uri())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the page script draws synchronously on load
+        if drv.execute_script("return document.readyState") == "complete" and \
+                drv.execute_script("return document.querySelectorAll("
+                                   "'#results-table tbody tr').length") > 0:
+            break
+        time.sleep(0.1)
+    return drv.get_log("browser")
+
+
+def errors(log: list[dict]) -> list[str]:
+    return [e["message"] for e in log if e.get("level") == "SEVERE"]
+
+
+def table_column(drv, key: str) -> list[str]:
+    idx = drv.execute_script(
+        "return Array.from(document.querySelectorAll('#results-table thead th'))"
+        ".findIndex(th => th.dataset.key === arguments[0]);", key)
+    assert idx >= 0, key
+    return drv.execute_script(
+        "return Array.from(document.querySelectorAll('#results-table tbody tr'))"
+        ".map(tr => tr.children[arguments[0]].textContent);", idx)
+
+
+def drawn(drv, selector: str) -> int:
+    """How many marks Plotly drew under `selector` (heatmap images, scatter points)."""
+    return drv.execute_script("return document.querySelectorAll(arguments[0]).length;", selector)
+
+
+def csv_rows(board: Path) -> list[dict]:
+    with open(board / "results.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def screenshot(drv, path: Path) -> Path:
+    drv.execute_script("window.scrollTo(0, 0)")
+    height = drv.execute_script("return document.documentElement.scrollHeight")
+    drv.set_window_size(1400, min(int(height) + 40, 12000))
+    drv.save_screenshot(str(path))
+    drv.set_window_size(1400, 1000)
+    return path
+
+
+# -- boards ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def a_run(tmp_path_factory) -> Path:
+    return small_run(tmp_path_factory.mktemp("pagerun"))
+
+
+@pytest.fixture(scope="module")
+def board(a_run, tmp_path_factory) -> Path:
+    dst = tmp_path_factory.mktemp("pageboard") / "leaderboard"
+    publish([a_run], dst)
+    return dst
+
+
+# -- without a browser ------------------------------------------------------------------------
+
+def test_page_is_self_contained_and_deterministic(a_run, board, tmp_path):
+    html = (board / "index.html").read_text(encoding="utf-8")
+    assert "index.html" in json.loads((board / "results.json").read_text())["files"]
+    # Nothing to fetch: no external script, stylesheet, image or frame.
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=\"(https?:)?//", html)
+    assert "cdn." not in html.lower().split("<script>")[0]
+    data = json.loads(re.search(r'<script type="application/json" id="board-data">(.*?)'
+                                r"</script>", html, re.S).group(1).replace("<\\/", "</"))
+    assert len(data["rows"]) == len(csv_rows(board))
+    assert "NaN" not in json.dumps(data)  # atomic.dumps refuses it; null stands for nothing
+    # The How-to-read text is the README's, rendered: one source.
+    assert "Effective length" in html and "How to read" in (board / "README.md").read_text()
+    again = tmp_path / "again"
+    publish([a_run], again)
+    assert (again / "index.html").read_bytes() == (board / "index.html").read_bytes()
+
+
+def test_wilson_interval():
+    lo, hi = wilson(1.0, 2)
+    assert 0.3 < lo < 0.4 and hi == 1.0  # 2/2: [0.34, 1], not the point [1, 1]
+    lo, hi = wilson(0.5, 100)
+    assert lo == pytest.approx(0.404, abs=1e-3) and hi == pytest.approx(0.596, abs=1e-3)
+    assert wilson(float("nan"), 3) == (None, None) and wilson(0.5, 0) == (None, None)
+
+
+# -- in the browser -----------------------------------------------------------------------------
+
+def test_page_in_headless_chromium(board, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    log = open_offline(browser, board / "index.html")
+    rows = csv_rows(board)
+    # One table row per results.csv row.
+    assert len(table_column(browser, "model_label")) == len(rows)
+
+    # Sorting by a column reorders the rows (ascending, then descending).
+    before = table_column(browser, "target_length")
+    browser.find_element(By.CSS_SELECTOR, '#results-table th[data-key="target_length"]').click()
+    asc = [int(x) for x in table_column(browser, "target_length")]
+    assert asc == sorted(asc) and [str(x) for x in asc] != before
+    browser.find_element(By.CSS_SELECTOR, '#results-table th[data-key="target_length"]').click()
+    desc = [int(x) for x in table_column(browser, "target_length")]
+    assert desc == sorted(asc, reverse=True)
+
+    # A filter narrows it to that model's rows.
+    Select(browser.find_element(By.ID, "filter-model_label")).select_by_value("oracle")
+    shown = table_column(browser, "model_label")
+    assert shown == ["oracle"] * sum(r["model_label"] == "oracle" for r in rows)
+    assert 0 < len(shown) < len(rows)
+    Select(browser.find_element(By.ID, "filter-depth")).select_by_value("1")  # JSON 1.0 reads as 1
+    assert len(table_column(browser, "model_label")) == sum(
+        r["model_label"] == "oracle" and float(r["depth"]) == 1.0 for r in rows)
+
+    # A recall cell's hover names its n and 95 % interval.
+    title = browser.find_element(By.CSS_SELECTOR, "#results-table td.recall").get_attribute(
+        "title")
+    assert re.search(r"n = \d+, 95 % interval \[\d\.\d\d, \d\.\d\d\]", title), title
+
+    # A heatmap and the state chart render (Plotly's SVG with marks in it).
+    assert drawn(browser, ".heatmap svg.main-svg") > 0
+    assert drawn(browser, ".heatmap .hm image") > 0
+    assert drawn(browser, ".state-chart svg.main-svg") > 0
+    assert drawn(browser, ".state-chart .scatterlayer .point") > 0
+    # Hovering a point shows its model, value, n and interval (drawn from the page's data).
+    hover = browser.execute_script("""
+        const div = document.querySelector('.state-chart');
+        Plotly.Fx.hover(div, [{curveNumber: 0, pointNumber: 0}]);
+        return Array.from(div.querySelectorAll('.hoverlayer .hovertext'))
+                    .map(e => e.textContent).join(' ');""")
+    assert re.search(r"forgetful.*recall \d\.\d{3}, n = \d+, 95 % interval", hover), hover
+    # Choosing another model redraws the heatmaps.
+    Select(browser.find_element(By.ID, "heatmap-model")).select_by_value("forgetful")
+    assert drawn(browser, ".heatmap .hm image") > 0
+
+    # The gap table marks intervals that exclude zero; provenance is one click away.
+    assert drawn(browser, "#gap-table tbody tr") > 0
+    prov = browser.find_element(By.ID, "provenance-details")
+    assert not prov.get_attribute("open")
+    prov.find_element(By.TAG_NAME, "summary").click()
+    run = json.loads((board / "results.json").read_text())
+    assert next(iter(run["models"].values()))["hash"] in prov.text
+
+    # Nothing fetched (every resource is inline), no console error.
+    assert browser.execute_script(
+        "return performance.getEntriesByType('resource').length") == 0
+    log += browser.get_log("browser")
+    assert errors(log) == []
+    shot = screenshot(browser, tmp_path / "board-page.png")
+    assert shot.stat().st_size > 10_000
+    print(f"screenshot: {shot}")
+
+
+def test_one_model_one_task_one_cell(browser, tmp_path):
+    cfg = suite_dict(build_tokenizer(tmp_path / "tok"), models=("oracle",), lengths=[64],
+                     depths=[0.0], loads=[1], samples=2)
+    assert run(cfg, tmp_path / "run").failed == 0
+    publish([tmp_path / "run"], tmp_path / "lb")
+    log = open_offline(browser, tmp_path / "lb" / "index.html")
+    assert len(table_column(browser, "model_label")) == 1
+    assert drawn(browser, ".heatmap .hm image") > 0
+    assert drawn(browser, ".state-chart .scatterlayer .point") > 0
+    assert errors(log + browser.get_log("browser")) == []
+    screenshot(browser, tmp_path / "one-cell.png")
+
+
+def test_flagged_only_cell(a_run, browser, tmp_path):
+    """Every sample of one cell flagged (not evaluated): a row with n = 0 and null recall."""
+    dst = tmp_path / "run"
+    shutil.copytree(a_run, dst, ignore=shutil.ignore_patterns("cache"))
+    lines = (dst / "samples.jsonl").read_text().splitlines()
+    out = []
+    for line in lines:
+        s = json.loads(line)
+        if s["model"] == "forgetful" and s["target_length"] == 128 and s["depth"] == 1.0:
+            s.update(flag="over_length", scores={}, prediction=None, state_bytes=0)
+        out.append(json.dumps(s))
+    (dst / "samples.jsonl").write_text("\n".join(out) + "\n")
+    restamp(dst)
+    publish([dst], tmp_path / "lb")
+    rows = csv_rows(tmp_path / "lb")
+    flagged = [r for r in rows if r["n"] == "0"]
+    assert flagged and all(int(r["n_flagged"]) > 0 for r in flagged)
+    log = open_offline(browser, tmp_path / "lb" / "index.html")
+    assert len(table_column(browser, "model_label")) == len(rows)
+    assert "—" in table_column(browser, "recall")
+    assert drawn(browser, ".heatmap .hm image") > 0
+    assert errors(log + browser.get_log("browser")) == []
+    screenshot(browser, tmp_path / "flagged.png")
