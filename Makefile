@@ -1,6 +1,6 @@
 # Two words do everything: `make run` (the quick suite -> leaderboard/quick/) and `make test`.
-# The published board: `make standard` (configs/standard-cpu.yaml -> leaderboard/, 14.5 min
-# measured on 2 cores from scratch); its capacity family: `make train-capacity` (82 min measured).
+# The published board: `make standard` (configs/mqar.yaml + configs/standard-cpu.yaml ->
+# leaderboard/); its MQAR twins: `make train-capacity` (resumable, member by member).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -34,14 +34,17 @@ run: setup
 	$(BIN)/evalkit run --config configs/quick.yaml --output runs/quick --resume
 	$(BIN)/evalkit publish runs/quick --to leaderboard/quick/
 
-# Gaps: what each GLA loses against the ideal copier and against a larger state, the twins.
-GAPS = oracle:recall-gla-6k oracle:recall-gla-21k oracle:recall-gla-72k oracle:recall-gla-140k \
-       recall-gla-140k:recall-gla-6k recall-gla-72k:recall-gla-21k \
-       recall-softmax-cap:recall-gla-140k recall-softmax-cap-matched:recall-gla-140k \
-       recall-softmax-tiny:recall-gla-tiny oracle:forgetful
+# The standard board: the MQAR twins on Zoology's MQAR (configs/mqar.yaml) and the prose tasks
+# for the tiny pair (configs/standard-cpu.yaml), two runs published as one board.
+# Gaps, paired: attention minus each recurrent twin, the larger GLA state minus the smaller,
+# the tiny pair, the references. A twin joins them once configs/mqar.yaml lists it.
+GAPS = mqar-attn-d64:mqar-gla-d64 mqar-attn-d64:mqar-gla-d128 mqar-gla-d128:mqar-gla-d64 \
+       recall-softmax-tiny:recall-gla-tiny recall-softmax-tiny-matched:recall-gla-tiny \
+       oracle:forgetful
 standard: setup
+	$(BIN)/evalkit run --config configs/mqar.yaml --output runs/mqar --resume
 	$(BIN)/evalkit run --config configs/standard-cpu.yaml --output runs/standard-cpu --resume
-	$(BIN)/evalkit publish runs/standard-cpu --to leaderboard/ $(addprefix --gap ,$(GAPS))
+	$(BIN)/evalkit publish runs/mqar runs/standard-cpu --to leaderboard/ $(addprefix --gap ,$(GAPS))
 
 # The MQAR mixer twins (configs/train_mqar.yaml): resumable, a member already trained by its
 # recipe is skipped, so the family can be trained in parts (ONLY="name ..." for some members).

@@ -39,6 +39,7 @@ BUILTIN_MODULES = (
     "evalkit.model_adapters.reference",
     "evalkit.model_adapters.gla_adapter",
     "evalkit.model_adapters.softmax",
+    "evalkit.model_adapters.hf",
     "evalkit.model_adapters.embedded",
     "evalkit.model_adapters.mqar_models",
 )
@@ -49,7 +50,8 @@ class ModelInfo:
     name: str
     factory: Callable[..., ModelAdapter]
     kind: str                    # adapter family: "softmax", "gla", "reference", ...
-    state_kind: str              # "kv", "kv-window", "recurrent", "memory", ...
+    state_kind: str              # "kv", "kv-window", "recurrent", "hybrid", "memory"; "measured":
+                                 # the loaded model's own (its adapter measures it)
     description: str
     describe: Callable[[int], dict] | None = None
     config: Path | None = None

@@ -246,7 +246,7 @@ def _load(name: str, path: str | None, options: dict) -> GLAAdapter:
     return GLAAdapter(path, **options)
 
 
-@register_model("gla", kind="gla", state_kind="recurrent", options=GLAAdapter,
+@register_model("gla", kind="gla", state_kind="measured", options=GLAAdapter,
                 description="fla-format GLA checkpoint (gla:PATH)")
 def load_gla(path: str | None, **options: Any) -> GLAAdapter:
     return _load("gla", path, options)

@@ -1,5 +1,6 @@
-"""Layering and declaration rules, checked on the source: adapters never import command modules,
-and every built-in model is declared exactly once, by one `register_model` call."""
+"""Layering and declaration rules, checked on the source: no import cycle (function-level imports
+included), lower layers never import command modules, and every built-in model is declared
+exactly once, by one `register_model` call."""
 from __future__ import annotations
 
 import ast
@@ -91,3 +92,110 @@ def test_models_are_declared_only_through_register_model():
         if "MODELS.add(" in text:
             offenders.append(str(f.relative_to(ROOT)))
     assert not offenders, offenders
+
+
+# -- the import graph of every evalkit module (evalkit/, tasks/, model_adapters/) ---------------
+SOURCES = {"evalkit": ROOT / "evalkit", "evalkit.tasks": ROOT / "tasks",
+           "evalkit.model_adapters": ROOT / "model_adapters"}
+
+
+def module_files() -> dict[str, Path]:
+    """Installed module name -> file, for every .py file of the three source folders."""
+    out = {}
+    for pkg, base in SOURCES.items():
+        for f in base.rglob("*.py"):
+            if pkg == "evalkit" and f.is_relative_to(ROOT / "evalkit" / "lm_eval" / "include"):
+                continue  # lm-eval task helpers, copied next to exported YAML, not imported
+            parts = list(f.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join([pkg, *parts])] = f
+    return out
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """module -> {imported evalkit module: line}, function-level imports included. Importing
+    a.b.c first runs package a.b's __init__ (unless the importer lives inside a.b), so that
+    counts as an import of a.b too; the root package `evalkit` is left out (it runs first)."""
+    files = module_files()
+    graph = {}
+    for mod, f in files.items():
+        pkg = mod.split(".") if f.name == "__init__.py" else mod.split(".")[:-1]
+        edges: dict[str, int] = {}
+        for name, line in _imports(f.read_text(), pkg):
+            target = name if name in files else name.rpartition(".")[0]
+            if target not in files or target == mod:
+                continue
+            edges.setdefault(target, line)
+            parts = target.split(".")
+            for k in range(2, len(parts)):
+                parent = ".".join(parts[:k])
+                if parent in files and parent != mod and not mod.startswith(parent + "."):
+                    edges.setdefault(parent, line)
+        graph[mod] = edges
+    return graph
+
+
+def _imports(source: str, package: list[str]) -> list[tuple[str, int]]:
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            module = ".".join(x for x in (base, node.module) if x)
+            out += [(f"{module}.{a.name}", node.lineno) for a in node.names]
+    return out
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while comp[-1:] != [v]:
+                comp.append(stack.pop())
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_among_evalkit_modules():
+    """Function-level imports count too, so a cycle cannot hide behind an import placed in a
+    function: a lazy import is fine only where it breaks no cycle (e.g. to keep `evalkit
+    --help` fast)."""
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_package_init():
+    graph = {"evalkit.a": {"evalkit.b.m": 3, "evalkit.b": 3}, "evalkit.b": {"evalkit.b.p": 1},
+             "evalkit.b.p": {"evalkit.a": 9}, "evalkit.b.m": {}}
+    assert cycles(graph) == [["evalkit.a", "evalkit.b", "evalkit.b.p"]]
+    assert cycles({**graph, "evalkit.b.p": {}}) == []
+
+
+def test_lower_layers_never_import_a_command_module():
+    """Commands sit on top: evalkit.cli, the evalkit-lm-eval entry point and the startup hook
+    that patches the plain lm-eval command with it. Nothing below imports them."""
+    commands = ("evalkit.cli", "evalkit.lm_eval.cli", "evalkit.lm_eval.hook", "evalkit.__main__")
+    bad = [f"{mod} imports {target} (line {line})"
+           for mod, edges in import_graph().items() if not mod.startswith(commands)
+           for target, line in edges.items() if target.startswith(commands)]
+    assert not bad, bad

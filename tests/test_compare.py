@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from evalkit.bootstrap import seed_for
-from evalkit.compare import JSON_NAME, MD_NAME, compare_runs, read_report, write_report
+from evalkit.leaderboard.drift import JSON_NAME, MD_NAME, compare_runs, read_report, write_report
 
 from helpers import restamp
 

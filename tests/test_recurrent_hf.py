@@ -15,7 +15,9 @@ import torch
 from hf_families import FAMILIES, build_family, family_config
 
 from evalkit.model_adapters.cache_state import UnknownCacheError, cache_state, cache_tensors
-from evalkit.model_adapters.recurrent import RecurrentAdapter, state_at, state_family
+from evalkit.model_adapters.recurrent.adapter import RecurrentAdapter
+from evalkit.model_adapters.recurrent.family import state_family
+from evalkit.model_adapters.recurrent.formula import state_at
 from evalkit.model_adapters.recurrent.formula import UnsupportedFamily
 from evalkit.model_adapters.recurrent.measure import measured_at
 from evalkit.models import load_model

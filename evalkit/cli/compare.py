@@ -5,7 +5,7 @@ from evalkit.bootstrap import DEFAULT_BOOTSTRAP
 
 
 def add_parser(sub) -> None:
-    from evalkit.compare import DEFAULT_METRIC, JSON_NAME, MD_NAME
+    from evalkit.leaderboard.drift import DEFAULT_METRIC, JSON_NAME, MD_NAME
 
     p = sub.add_parser("compare", help="drift between two runs of the same model on the same "
                                        "probes under different settings (dtype, backend)")
@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from evalkit.compare import compare_runs, fmt_num, summary_rows, write_report
+    from evalkit.leaderboard.drift import compare_runs, fmt_num, summary_rows, write_report
 
     report = compare_runs(args.run_a, args.run_b, args.metric, args.bootstrap, args.seed)
     paths = write_report(report, args.out)

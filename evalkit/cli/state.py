@@ -68,10 +68,11 @@ def figures(spec: str, context: int, dtype: str = "bf16", measure: bool | None =
         return hf_figures(cfg_path, context, dtype, measure=bool(measure))
     cfg = GLAConfig.from_json(cfg_path)
     dt = parse_dtype(dtype)
-    state, kv = cfg.state_bytes(dt), cfg.kv_bytes(context, dt)
+    parts, kv = cfg.state_parts(context, dt), cfg.kv_bytes(context, dt)
     return {"config": str(cfg_path), "dtype": dtype_name(dt), "context": context,
-            "parameters": cfg.param_count(), "state_bytes": state, "kv_bytes": kv,
-            "ratio": kv / state}
+            "parameters": cfg.param_count(), "state_bytes": parts.total, "kv_bytes": kv,
+            "ratio": kv / parts.total, "state_kind": parts.kind, "fixed": parts.fixed,
+            "window": parts.window, "growing": parts.growing}
 
 
 def _model_type(cfg_path: Path) -> str | None:
@@ -97,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"config       {f['config']}")
     print(f"parameters   {f['parameters']:,} ({f['parameters'] / 1e9:.3f} B)")
-    print(f"state        {f['state_bytes']:,} B per sequence ({f['state_bytes'] / 1e6:.2f} MB, {f['dtype']})")
+    print(f"state        {f['state_bytes']:,} B per sequence ({f['state_bytes'] / 1e6:.2f} MB, {f['dtype']}, "
+          f"{f['state_kind']}): fixed {f['fixed']:,} + window {f['window']:,} + growing {f['growing']:,}")
     print(f"KV cache     {f['kv_bytes']:,} B for a same-width softmax model at {f['context']:,} tokens "
           f"({f['kv_bytes'] / 1e9:.3f} GB)")
     print(f"ratio        {f['ratio']:.1f}x")

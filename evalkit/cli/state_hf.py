@@ -18,7 +18,7 @@ def hf_figures(cfg_path: Path, context: int, dtype: str, *, measure: bool) -> di
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
-    from evalkit.model_adapters.recurrent import FAMILIES, state_at
+    from evalkit.model_adapters.recurrent.formula import FAMILIES, state_at
     from evalkit.model_adapters.recurrent.measure import measured_at
 
     config = AutoConfig.from_pretrained(str(cfg_path), local_files_only=True)

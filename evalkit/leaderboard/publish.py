@@ -25,12 +25,15 @@ from typing import Iterator, Sequence
 
 import pandas as pd
 
-from evalkit import atomic
+from evalkit import __version__, atomic
 from evalkit.leaderboard import plots as P
 from evalkit.leaderboard import recall_state
 from evalkit.leaderboard.board import Board, Options, build, records
 from evalkit.leaderboard.derived import KNEE_LEVEL
+from evalkit.leaderboard.drift import read_report, summary_rows, to_json
 from evalkit.leaderboard.load import expand_run_dirs, load_run
+from evalkit.leaderboard.page import render_page
+from evalkit.leaderboard.readme import render
 
 FORMAT = "evalkit-leaderboard/1"  # marks a folder publish may replace
 _REPLACEABLE_EXTRAS = {".gitkeep"}
@@ -69,8 +72,6 @@ def publish(run_dirs: Sequence[str | os.PathLike], to: str | os.PathLike,
             options: Options | None = None,
             compare: Sequence[str | os.PathLike] = ()) -> Published:
     """`compare`: folders written by `evalkit compare`, shown as a drift section and table."""
-    from evalkit.compare import read_report  # not at the top: it reads runs through our load.py
-
     target = Path(os.path.abspath(to))  # normalized: "leaderboard/", "./x/../leaderboard"
     if target == Path(os.path.abspath(os.curdir)) or target.parent == target:
         raise ValueError(f"--to {to}: give a leaderboard folder, not the current or root folder")
@@ -169,11 +170,6 @@ def write_board(board: Board, out: Path, run_paths: Sequence[str],
                 drift: Sequence[tuple[str, dict]] = (),
                 shown: Path | None = None) -> tuple[list[Path], list[str]]:
     """Write the leaderboard into `out` (`shown`: the folder it will become, for messages)."""
-    from evalkit import __version__
-    from evalkit.compare import summary_rows, to_json
-    from evalkit.leaderboard.page import render_page
-    from evalkit.leaderboard.readme import render
-
     files: list[Path] = []
     board.rows.to_csv(out / "results.csv", index=False)
     board.cell_gaps.to_csv(out / "gaps.csv", index=False)

@@ -7,9 +7,9 @@ from typing import Sequence
 import pandas as pd
 
 from evalkit import scoring
-from evalkit.leaderboard import recall_state
-from evalkit.leaderboard import derived
+from evalkit.leaderboard import derived, recall_state
 from evalkit.leaderboard.board import Board
+from evalkit.leaderboard.drift import summary_rows, summary_table
 from evalkit.leaderboard.tables import beyond_trained
 from evalkit.leaderboard.plots import fmt_bytes, fmt_len
 
@@ -210,8 +210,6 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
 
 
 def _drift(drift: Sequence[tuple[str, dict]]) -> str:
-    from evalkit.compare import summary_rows, summary_table
-
     rows = [r for _, report in drift for r in summary_rows(report)]
     return ("## Numerical drift\n\nThe same model on the same probes under different settings "
             "(`evalkit compare`): recall over the pairs scored in both runs, delta = B - A with "

@@ -3,9 +3,7 @@ LFM2, Qwen3-Next) behind the "hf" loader, their state counted from the cache's t
 
 Modules: `family` (which adapter a config needs), `adapter` (RecurrentAdapter), `formula`
 (state bytes from a config), `measure` (state bytes from a prefill of a random model).
-"""
-from evalkit.model_adapters.recurrent.adapter import RecurrentAdapter
-from evalkit.model_adapters.recurrent.family import state_family
-from evalkit.model_adapters.recurrent.formula import FAMILIES, state_at
 
-__all__ = ["FAMILIES", "RecurrentAdapter", "state_at", "state_family"]
+Nothing is imported here: the adapter builds on the softmax package's loader, which in turn
+reads `family` and `measure` for memory matching, so eager imports would make a cycle.
+"""

@@ -33,9 +33,9 @@ would need one raises instead of being cut.
 Modules: `adapter` (SoftmaxAdapter and the "hf" loader), `kv_cache` (cache copies, byte
 accounting, window mask and eviction), `describe` (figures from a config, no weights).
 """
-from evalkit.model_adapters.softmax.adapter import SoftmaxAdapter, load_hf
+from evalkit.model_adapters.softmax.adapter import SoftmaxAdapter
 from evalkit.model_adapters.softmax.describe import describe_checkpoint, describe_row
 from evalkit.model_adapters.softmax.kv_cache import KVProfile, KVState, kv_profile, matched_window
 
 __all__ = ["KVProfile", "KVState", "SoftmaxAdapter", "describe_checkpoint", "describe_row",
-           "kv_profile", "load_hf", "matched_window"]
+           "kv_profile", "matched_window"]

@@ -18,7 +18,8 @@ from evalkit.model_adapters.softmax.describe import max_length_from_config, spli
 from evalkit.model_adapters.softmax.kv_cache import KVProfile, KVState, kv_profile, matched_window
 from evalkit.model_adapters.weights import (WeightFileError, check_floating, index_shards,
                                             safetensors_dtypes, weights_hash)
-from evalkit.models import ModelOptionError, register_model
+from evalkit.model_adapters.state_match import matched_state_bytes
+from evalkit.models import ModelOptionError
 from evalkit.state_kind import StateBytes
 
 INDEX = "model.safetensors.index.json"
@@ -128,8 +129,6 @@ class SoftmaxAdapter:
         if match_state_of is not None:  # memory-matched: the KV budget of another model's state
             if kv_budget_bytes is not None:
                 raise ValueError("pass either kv_budget_bytes or match_state_of, not both")
-            from evalkit.model_adapters.recurrent.match import matched_state_bytes
-
             kv_budget_bytes = matched_state_bytes(match_state_of)
         if kv_budget_bytes is not None:
             if window is not None:
@@ -363,33 +362,3 @@ class SoftmaxAdapter:
         }
         ident.update(self._extra_identity)
         return ident
-
-
-@register_model("hf", kind="softmax", state_kind="kv", options=SoftmaxAdapter,
-                description="any local Hugging Face causal LM folder or .gguf (hf:PATH); "
-                            "recurrent and hybrid families too (state measured from the cache)")
-def load_hf(path: str | None, **options: Any) -> Any:
-    """`hf:PATH`: a local Hugging Face causal LM folder or .gguf file. A folder whose cache holds
-    recurrent states or conv tails (Mamba, RWKV, hybrids) gets the RecurrentAdapter."""
-    if not path:
-        raise ValueError("the 'hf' loader needs a path: hf:/path/to/model-folder or hf:/path/to/file.gguf")
-    folder, gguf = split_path(path)
-    if gguf is None:
-        from transformers import AutoConfig
-
-        from evalkit.model_adapters.recurrent import RecurrentAdapter, state_family
-
-        try:
-            config = AutoConfig.from_pretrained(
-                str(folder), local_files_only=True,
-                trust_remote_code=bool(options.get("trust_remote_code", False)))
-        except (OSError, ValueError, KeyError):  # unreadable: the softmax load names the file
-            config = None
-        if config is not None and state_family(config) == "recurrent":
-            allowed = set(inspect.signature(RecurrentAdapter).parameters) - {"path"}
-            bad = sorted(set(options) - allowed)
-            if bad:
-                raise ValueError(f"{folder}: option(s) {', '.join(bad)} apply to attention models "
-                                 f"only; this is a {config.model_type} model (recurrent state)")
-            return RecurrentAdapter(path, **options)
-    return SoftmaxAdapter(path, **options)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from evalkit import scoring
+from evalkit import __version__, scoring
 from evalkit.atomic import write_text
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP, check_resamples, paired_bootstrap, seed_for
 from evalkit.leaderboard.load import Run, load_run, read_samples
@@ -217,8 +217,6 @@ def compare_runs(run_a: str | os.PathLike, run_b: str | os.PathLike,
                  metric: str = DEFAULT_METRIC, n_boot: int = DEFAULT_BOOTSTRAP,
                  seed: int = 0) -> dict[str, Any]:
     """The drift report of RUN_B against RUN_A (a JSON-ready dict)."""
-    from evalkit import __version__
-
     check_resamples(n_boot)
     ra, sa = _load(run_a, "RUN_A")
     rb, sb = _load(run_b, "RUN_B")

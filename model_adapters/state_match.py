@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evalkit.model_adapters.recurrent.family import state_family
+from evalkit.model_adapters.recurrent.measure import measured_at
+from evalkit.models import describe_model, resolve_spec
+
 MATCH_TOKENS = 8  # a fixed state does not depend on the length; any short prefill measures it
 
 
 def matched_state_bytes(spec: str) -> int:
     """Bytes of `spec`'s fixed state; a ValueError naming `spec` when it has none."""
-    from evalkit.models import describe_model, resolve_spec
-
     info, path = resolve_spec(spec)
     if path is None:
         nbytes = describe_model(spec)["state_bytes"]
@@ -29,10 +31,7 @@ def matched_state_bytes(spec: str) -> int:
 
 def _checkpoint_fixed_bytes(folder: Path) -> int:
     import torch
-    from transformers import AutoConfig
-
-    from evalkit.model_adapters.recurrent.family import state_family
-    from evalkit.model_adapters.recurrent.measure import measured_at
+    from transformers import AutoConfig  # heavy: only when a checkpoint is matched
 
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     if state_family(config) != "recurrent":
