@@ -17,11 +17,13 @@ def _no_grad():
         yield
 
 
-def twin(mixer: str, d: int = 32, window: int | None = None, **kw) -> GLAConfig:
+def twin(mixer: str, d: int = 32, window: int | None = None, rope: float | None = 10000.0,
+         **kw) -> GLAConfig:
     """Zoology's two-layer model: a gated convolution, then the mixer under test; no MLP."""
     extra = {}
     if mixer == "attn":
-        extra["attn"] = {"layers": [1], "num_heads": 2, "num_kv_heads": 1, "window_size": window}
+        extra["attn"] = {"layers": [1], "num_heads": 2, "num_kv_heads": 1, "window_size": window,
+                         "rope_theta": rope}
     cfg = GLAConfig(vocab_size=64, hidden_size=d, num_hidden_layers=2, num_heads=2,
                     gated_conv={"layers": [0], "kernel_size": 3}, use_mlp=False,
                     tie_word_embeddings=True, **extra, **kw)
@@ -34,9 +36,11 @@ def model_of(cfg: GLAConfig, seed: int = 0):
     return build_model(cfg).eval()
 
 
-@pytest.mark.parametrize("mixer,window", [("gla", None), ("attn", None), ("attn", 5)])
-def test_streamed_state_equals_one_forward(mixer, window):
-    cfg = twin(mixer, window=window)
+@pytest.mark.parametrize("mixer,window,rope", [("gla", None, None), ("attn", None, 1e4),
+                                               ("attn", 5, 1e4), ("attn", None, None),
+                                               ("attn", 5, None)])
+def test_streamed_state_equals_one_forward(mixer, window, rope):
+    cfg = twin(mixer, window=window, rope=rope)
     m = model_of(cfg)
     ids = torch.randint(0, 64, (2, 23))
     full = m(ids)                                                       # [2, 23, V]
@@ -113,6 +117,7 @@ def test_hybrid_config_round_trips_through_a_checkpoint(tmp_path):
     ({"layers": [0], "num_heads": 2}, r"layer\(s\) \[0\] are in both"),
     ({"layers": [1], "num_heads": 3}, "attn.num_heads=3 must divide hidden_size=32"),
     ({"layers": [1], "num_heads": 2, "window_size": 0}, "attn.window_size must be null or a positive"),
+    ({"layers": [1], "num_heads": 2, "rope_theta": 0}, "attn.rope_theta must be a positive number"),
 ])
 def test_bad_mixer_configs_name_the_key(attn, error):
     d = twin("gla").to_dict()

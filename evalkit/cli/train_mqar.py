@@ -19,6 +19,8 @@ def add_parser(sub) -> None:
                    help="folder for the member folders (other files there are kept)")
     p.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="train only this member (repeatable)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="runs at once (default: the config's jobs; 1..16)")
     p.set_defaults(func=run)
 
 
@@ -32,5 +34,9 @@ def run(args) -> int:
     from evalkit.training.mqar_family import train_mqar_family
 
     fam = load_family(args.config)
+    if args.jobs is not None:
+        if not 1 <= args.jobs <= 16:
+            raise ValueError(f"--jobs must be between 1 and 16, got {args.jobs}")
+        fam = fam.model_copy(update={"jobs": args.jobs})
     train_mqar_family(fam, Path(args.out), args.only, config_path=args.config)
     return 0

@@ -110,10 +110,12 @@ class MQARFamily(BaseModel):
         raise ValueError(f"no member {name!r}; the family has {', '.join(m.name for m in self.models)}")
 
     def recipe_hash(self, m: Member) -> str:
-        """What makes a member's checkpoint: the shared recipe and the member's own row (not
-        the other members, not jobs). A checkpoint carrying this hash need not be retrained."""
+        """What makes a member's checkpoint: the shared recipe, the member's own row and the
+        model it builds (not the other members, not jobs). A checkpoint carrying this hash need
+        not be retrained."""
         d = self.model_dump(mode="json", exclude={"models", "jobs"})
-        return hashlib.sha256(json.dumps({"recipe": d, "member": m.model_dump(mode="json")},
+        return hashlib.sha256(json.dumps({"recipe": d, "member": m.model_dump(mode="json"),
+                                          "model": member_config(self, m).config_hash()},
                                          sort_keys=True).encode()).hexdigest()
 
 
@@ -123,7 +125,10 @@ def member_config(fam: MQARFamily, m: Member):
 
     attn = None
     if m.mixer in ("attn", "swa"):
-        attn = {"layers": [1], "num_heads": m.num_heads or 1, "window_size": m.window}
+        # Zoology's attention has no positional encoding (max_position_embeddings=0): the
+        # convolution before it places each token, and recall holds past the trained length.
+        attn = {"layers": [1], "num_heads": m.num_heads or 1, "window_size": m.window,
+                "rope_theta": None}
     cfg = GLAConfig(attn=attn, vocab_size=VOCAB_SIZE, hidden_size=m.d, num_hidden_layers=2,
                     num_heads=m.num_heads or 2, expand_k=m.expand_k, expand_v=m.expand_v,
                     use_short_conv=False, gated_conv={"layers": [0], "kernel_size": fam.conv_kernel},

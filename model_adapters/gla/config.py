@@ -186,6 +186,11 @@ class GLAConfig:
             w = a["window_size"]
             if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
                 errs.append(f"attn.window_size must be null or a positive integer, got {w!r}")
+            theta = a["rope_theta"]
+            if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float))
+                                      or not theta > 0):
+                errs.append(f"attn.rope_theta must be a positive number, or null for no rotary "
+                            f"embedding, got {theta!r}")
         if self.gated_conv is not None:
             k = self.gated_conv.get("kernel_size", 3)
             if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
@@ -198,7 +203,9 @@ class GLAConfig:
 
     @property
     def attn_spec(self) -> dict[str, Any]:
-        """fla's hybrid attention settings with fla's defaults filled in."""
+        """fla's hybrid attention settings with fla's defaults filled in. rope_theta null (ours)
+        means no positional encoding, as Zoology's attention: the convolution before it gives
+        each token its neighbours, and recall then generalises past the trained length."""
         a = dict(self.attn or {})
         a.setdefault("num_kv_heads", a.get("num_heads"))
         a.setdefault("qkv_bias", False)

@@ -3,7 +3,8 @@ convolution. Same call as GatedLinearAttention: (x [B, T, D], LayerState | None,
 want_state) -> (out [B, T, D], LayerState | None).
 
 Attention is fla's hybrid layer (fla/layers/attn.py: q/k/v/o projections, rotary embedding on
-q and k, an optional sliding window of `window_size` tokens counting the current one). Its
+q and k unless rope_theta is null, an optional sliding window of `window_size` tokens counting
+the current one). Its
 state is the KV cache [B, H_kv, T', d] in fp32, T' = every token seen, or the last
 `window_size` with a window, plus the number of tokens seen (the next rotary position).
 
@@ -75,7 +76,8 @@ class Attention(nn.Module):
         a, h = cfg.attn_spec, cfg.hidden_size
         self.H, self.Hkv = a["num_heads"], a["num_kv_heads"]
         self.d = h // self.H
-        self.window, self.theta = a["window_size"], float(a["rope_theta"])
+        self.window = a["window_size"]
+        self.theta = None if a["rope_theta"] is None else float(a["rope_theta"])
         self.q_proj = nn.Linear(h, self.H * self.d, bias=a["qkv_bias"])
         self.k_proj = nn.Linear(h, self.Hkv * self.d, bias=a["qkv_bias"])
         self.v_proj = nn.Linear(h, self.Hkv * self.d, bias=a["qkv_bias"])
@@ -94,7 +96,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.Hkv, self.d).transpose(1, 2)
         start = state.seen if state is not None else 0
         pos = torch.arange(start, start + T, device=x.device)
-        q, k = rotate(q, pos, self.theta), rotate(k, pos, self.theta)
+        if self.theta is not None:
+            q, k = rotate(q, pos, self.theta), rotate(k, pos, self.theta)
         if state is not None and state.kv:
             k = torch.cat([state.kv[0].to(k.dtype), k], 2)                    # [B, Hkv, S, d]
             v = torch.cat([state.kv[1].to(v.dtype), v], 2)
