@@ -21,10 +21,7 @@ The vocabulary is a fixed list, nothing is trained: rebuilding gives identical b
 """
 from __future__ import annotations
 
-import argparse
-import filecmp
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,24 +44,9 @@ def build(out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true",
-                    help="rebuild in a temporary folder and compare with the committed files")
-    ap.add_argument("--out", type=Path, default=OUT)
-    args = ap.parse_args(argv)
-    if not args.check:
-        build(args.out)
-        print(f"wrote {args.out}")
-        return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        build(Path(tmp))
-        names = sorted(p.name for p in Path(tmp).iterdir())
-        _, mismatch, errors = filecmp.cmpfiles(tmp, args.out, names, shallow=False)
-        if mismatch or errors:
-            print(f"tokenizer differs from {args.out}: {mismatch + errors}", file=sys.stderr)
-            return 1
-    print(f"{args.out}: reproducible ({', '.join(names)})")
-    return 0
+    from evalkit.tasks.tokenizer_build import main as build_main
+
+    return build_main(build, OUT, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":
