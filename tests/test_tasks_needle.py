@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from evalkit.render import render
+from evalkit.render import prompt_length, render
 from evalkit.taskspec import discover
+from evalkit.tokenization import load_tokenizer
 from evalkit.probes import fit, haystack, values
 from evalkit.tasks import needle
 from evalkit.tokenization import tokenizer_hash
@@ -153,13 +154,23 @@ def test_builtin_task_files_load_and_generate(tiny_tokenizer):
     assert {"needle", "needle_uuid", "needle_phrase", "needle_words", "needle_filler", "needle_multi",
             "multikey", "multikey_mqar", "multikey_multivalue", "multikey_multiquery",
             "conversation", "conversation_checkpoints"} <= set(builtin)
+    # mqar is defined on its own word-level tokenizer (one token per symbol) and refuses others
+    mqar_tokenizer = load_tokenizer(REPO / "model_adapters" / "mqar" / "tokenizer")
     for name in builtin:
         spec = reg.get(name)
         d = spec.defaults
-        p = spec.generator(spec.params, task=name, version=spec.version, tokenizer=tiny_tokenizer,
+        tok = mqar_tokenizer if name == "mqar" else tiny_tokenizer
+        p = spec.generator(spec.params, task=name, version=spec.version, tokenizer=tok,
                            length=min(d.lengths), depth=d.depths[-1], load=max(d.loads), seed=1)
-        check_measured(p, tiny_tokenizer)
+        if name == "mqar":  # exact lengths, no tolerance (tests/test_tasks_mqar.py checks the rest)
+            assert p.meta.actual_length == p.meta.target_length == prompt_length(p, tok)
+        else:
+            check_measured(p, tok)
         assert p.task == name and p.id.startswith(f"{name}-L{min(d.lengths)}-")
+    spec = reg.get("mqar")
+    with pytest.raises(ValueError, match="task mqar needs the MQAR word-level tokenizer"):
+        spec.generator(spec.params, task="mqar", version=spec.version, tokenizer=tiny_tokenizer,
+                       length=64, depth=0.0, load=4, seed=1)
 
 
 def test_haystack_text_is_the_public_domain_book_without_boilerplate():
