@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from evalkit.render import prompt_length, render
+from evalkit.render import probe_length, render
 from evalkit.taskspec import discover
 from evalkit.tokenization import load_tokenizer
 from evalkit.probes import fit, haystack, values
@@ -163,7 +163,7 @@ def test_builtin_task_files_load_and_generate(tiny_tokenizer):
         p = spec.generator(spec.params, task=name, version=spec.version, tokenizer=tok,
                            length=min(d.lengths), depth=d.depths[-1], load=max(d.loads), seed=1)
         if name == "mqar":  # exact lengths, no tolerance (tests/test_tasks_mqar.py checks the rest)
-            assert p.meta.actual_length == p.meta.target_length == prompt_length(p, tok)
+            assert p.meta.actual_length == p.meta.target_length == probe_length(p, tok)
         else:
             check_measured(p, tok)
         assert p.task == name and p.id.startswith(f"{name}-L{min(d.lengths)}-")
