@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import inspect
 import os
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from evalkit.adapter import greedy_generate, greedy_token
 from evalkit.model_adapters.cache_state import TensorState, cache_state, cache_tensors, fork_cache
-from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
+from evalkit.model_adapters.dtypes import parse_dtype
+from evalkit.model_adapters.hf_base import HFBase, eos_ids
 from evalkit.model_adapters.recurrent.formula import state_at
 from evalkit.model_adapters.softmax.adapter import load_causal_lm, torch_device
 from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
 from evalkit.model_adapters.softmax.kv_cache import KVState
-from evalkit.model_adapters.weights import weights_hash
 from evalkit.state_kind import StateBytes
 
 # Their full-sequence selective scan starts from a zero state (transformers' mamba_selective_scan:
@@ -30,18 +29,7 @@ from evalkit.state_kind import StateBytes
 ZERO_START_SCAN = frozenset({"mamba", "falcon_mamba", "jamba"})
 
 
-def eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    gc = getattr(model, "generation_config", None)
-    for src in (getattr(gc, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(src, int):
-            ids.add(src)
-        elif isinstance(src, (list, tuple)):
-            ids.update(int(i) for i in src)
-    return ids
-
-
-class RecurrentAdapter:
+class RecurrentAdapter(HFBase):
     """A transformers model whose cache holds recurrent states or conv tails (maybe beside KV)."""
 
     def __init__(self, path: str | os.PathLike, *, name: str | None = None, device: str = "cpu",
@@ -84,20 +72,6 @@ class RecurrentAdapter:
 
     def _new_cache(self) -> Any:
         return None if self._tensor_state else self._dynamic_cache(config=self.model.config)
-
-    def _check_ids(self, ids: Sequence[int]) -> list[int]:
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self._vocab]
-        if bad:
-            raise ValueError(f"{self.name}: token id {bad[0]} is outside the vocabulary "
-                             f"[0, {self._vocab})")
-        return ids
-
-    def _check_room(self, length: int, what: str) -> None:
-        if self.max_length is not None and length > self.max_length:
-            raise ValueError(f"{self.name}: {what} needs {length} tokens, more than max_length "
-                             f"{self.max_length}; evalkit never truncates -- shorten the probe or "
-                             f"pass max_length explicitly")
 
     def _pieces(self, start: int, n: int) -> list[tuple[int, int]]:
         """(offset, length) of the forwards that feed n tokens after `start` earlier ones."""
@@ -204,25 +178,5 @@ class RecurrentAdapter:
         """State bytes after `n_tokens` tokens from the config's formula (equals the measured)."""
         return state_at(self.model.config, int(n_tokens), self.dtype).total
 
-    def num_parameters(self) -> int:
-        return self.model.num_parameters()
-
     def identity(self) -> dict:
-        import transformers
-
-        from evalkit.tokenization import tokenizer_hash
-
-        ident = {
-            "name": self.name,
-            "kind": "recurrent-hf",  # no path: a fingerprint must not depend on where files live
-            "model_type": self.model_type,
-            "weights_hash": weights_hash(self._weight_files),
-            "weights_files": sorted(f.name for f in self._weight_files),
-            "tokenizer_hash": tokenizer_hash(self.tokenizer),
-            "dtype": dtype_name(self.dtype),
-            "device": str(self.device),
-            "max_length": self.max_length,
-            "transformers": transformers.__version__,
-        }
-        ident.update(self._extra_identity)
-        return ident
+        return self._identity("recurrent-hf", model_type=self.model_type)

@@ -12,12 +12,13 @@ import torch
 
 from evalkit.adapter import greedy_generate, greedy_token
 from evalkit.model_adapters.cache_state import cache_state
-from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
+from evalkit.model_adapters.dtypes import parse_dtype
+from evalkit.model_adapters.hf_base import HFBase, eos_ids
 from evalkit.model_adapters.softmax import kv_cache
 from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
 from evalkit.model_adapters.softmax.kv_cache import KVProfile, KVState, kv_profile, matched_window
 from evalkit.model_adapters.weights import (WeightFileError, check_floating, index_shards,
-                                            safetensors_dtypes, weights_hash)
+                                            safetensors_dtypes)
 from evalkit.model_adapters.state_match import matched_state_bytes
 from evalkit.models import ModelOptionError
 from evalkit.state_kind import StateBytes
@@ -91,7 +92,7 @@ def load_causal_lm(folder: Path, gguf: str | None, dtype: torch.dtype, *,
     return tok, model, files
 
 
-class SoftmaxAdapter:
+class SoftmaxAdapter(HFBase):
     """A transformers causal LM behind the evalkit protocol, with the KV cache as state."""
 
     def __init__(self, path: str | os.PathLike, *, name: str | None = None, device: str = "cpu",
@@ -149,7 +150,7 @@ class SoftmaxAdapter:
         if self.window is not None:
             base += f"[window={self.window}" + (f",sink={self.sink}" if self.sink else "") + "]"
         self.name = base
-        self._eos = self._eos_ids()
+        self._eos = eos_ids(self.model, self.tokenizer)
         dyn, sliding = kv_cache.cache_classes()
         probe_cache = kv_cache.new_cache(self.model)
         # Shallow copies are safe only for layers that update by concatenation (new tensors).
@@ -177,30 +178,7 @@ class SoftmaxAdapter:
                              f"(a custom 4-D mask); this model uses {impl!r}")
         self._attn_impl = impl
 
-    def _eos_ids(self) -> set[int]:
-        ids: set[int] = set()
-        gc = getattr(self.model, "generation_config", None)
-        for src in (getattr(gc, "eos_token_id", None), self.tokenizer.eos_token_id):
-            if isinstance(src, int):
-                ids.add(src)
-            elif isinstance(src, (list, tuple)):
-                ids.update(int(i) for i in src)
-        return ids
-
     # -- core forward
-
-    def _check_ids(self, ids: Sequence[int]) -> list[int]:
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self._vocab]
-        if bad:
-            raise ValueError(f"{self.name}: token id {bad[0]} is outside the vocabulary [0, {self._vocab})")
-        return ids
-
-    def _check_room(self, length: int, what: str) -> None:
-        if self.max_length is not None and length > self.max_length:
-            raise ValueError(f"{self.name}: {what} needs {length} tokens, more than max_length "
-                             f"{self.max_length}; evalkit never truncates -- shorten the probe or "
-                             f"pass max_length explicitly")
 
     @torch.inference_mode()
     def _forward(self, cache: Any, start: int, rows: Sequence[Sequence[int]], all_logits: bool
@@ -337,28 +315,8 @@ class SoftmaxAdapter:
         """Analytic state bytes after `n_tokens` tokens (equals the measured value)."""
         return self._profile.bytes_at(int(n_tokens))
 
-    def num_parameters(self) -> int:
-        return self.model.num_parameters()
-
     def identity(self) -> dict:
-        import transformers
-
-        from evalkit.tokenization import tokenizer_hash
-
-        ident = {
-            "name": self.name,
-            "kind": "softmax",  # no path: a fingerprint must not depend on where files live
-            "weights_hash": weights_hash(self._weight_files),
-            "weights_files": sorted(f.name for f in self._weight_files),
-            "tokenizer_hash": tokenizer_hash(self.tokenizer),
-            "dtype": dtype_name(self.dtype),
-            "device": str(self.device),
-            "window": self.window,
-            "sink": self.sink if self.window is not None else None,
-            "kv_budget_bytes": self.kv_budget_bytes,
-            "match_state_of": self.match_state_of,
-            "max_length": self.max_length,
-            "transformers": transformers.__version__,
-        }
-        ident.update(self._extra_identity)
-        return ident
+        return self._identity("softmax", window=self.window,
+                              sink=self.sink if self.window is not None else None,
+                              kv_budget_bytes=self.kv_budget_bytes,
+                              match_state_of=self.match_state_of)
