@@ -10,6 +10,11 @@ Ownership rules (the runner relies on them):
   `fork` first to keep the original.
 - `generate`, `score` and `state_bytes` never change the state they are given.
 - `fork` returns an independent copy: extending one never changes the other.
+
+Two optional methods, read with getattr since a plain adapter does without them:
+`prefill_batch(batch)` (real batching; see prefill_batch below) and `state_parts(state)` (the
+state's bytes split into fixed / window / growing, an evalkit.state_kind.StateBytes; without
+it a sample records `state_bytes` and the adapter's `state_kind`).
 """
 from __future__ import annotations
 
@@ -25,6 +30,9 @@ class ModelAdapter(Protocol):
     # Longest prompt the model is evaluated at (its trained length), or None for no limit.
     # The runner flags longer probes instead of cutting them.
     max_length: int | None
+    # Longest sequence the model was trained on, or None when unknown. Results beyond it are
+    # marked on the board (a model may still be evaluated there, as a recurrent one often is).
+    trained_length: int | None
     # What the state is, for reports: "kv", "kv-window", "recurrent", "memory", ...
     state_kind: str
 

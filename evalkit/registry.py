@@ -7,7 +7,8 @@ from typing import Generic, Iterator, TypeVar
 T = TypeVar("T")
 
 
-class RegistryError(KeyError):
+class RegistryError(KeyError, ValueError):
+    """A collision or an unknown name: a KeyError for lookups, a ValueError for bad input."""
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0])
 
@@ -34,6 +35,18 @@ class Registry(Generic[T]):
             raise RegistryError(
                 f"unknown {self.kind} {name!r}{hint} (known: {', '.join(sorted(self._items)) or 'none'})")
         return self._items[name]
+
+    __getitem__ = get
+
+    def remove(self, name: str) -> T:
+        """Take `name` out (a test or a plugin undoing its registration); returns its item."""
+        item = self.get(name)
+        del self._items[name], self._origin[name]
+        return item
+
+    def values(self) -> list[T]:
+        """The items in registration order (the order their modules declare them)."""
+        return list(self._items.values())
 
     def origin(self, name: str) -> str:
         self.get(name)

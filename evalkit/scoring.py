@@ -30,6 +30,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from evalkit.registry import Registry, RegistryError
+
 GENERATION = "generation"
 FORCED_CHOICE = "forced_choice"
 KINDS = (GENERATION, FORCED_CHOICE)
@@ -56,7 +58,7 @@ class Metric:
         return (self.fn.__doc__ or "").strip().splitlines()[0]
 
 
-METRICS: dict[str, Metric] = {}
+METRICS: Registry[Metric] = Registry("metric")
 
 
 def metric(name: str, *, kind: str, higher_is_better: bool = True,
@@ -64,9 +66,9 @@ def metric(name: str, *, kind: str, higher_is_better: bool = True,
            per_probe: bool = False) -> Callable:
     """Register the decorated function as metric `name` (see the module doc)."""
     def register(fn: Callable[..., float]) -> Callable[..., float]:
-        if name in METRICS:
-            raise ValueError(f"metric {name!r} is already registered "
-                             f"({METRICS[name].fn.__module__}.{METRICS[name].fn.__qualname__})")
+        origin = f"{fn.__module__}.{fn.__qualname__}"
+        if name in METRICS:  # the registry's collision error, before any other check
+            METRICS.add(name, None, origin)
         if kind not in KINDS:
             raise ValueError(f"metric {name!r}: kind {kind!r}, expected one of {KINDS}")
         if ">>>" not in (fn.__doc__ or ""):
@@ -75,8 +77,8 @@ def metric(name: str, *, kind: str, higher_is_better: bool = True,
         if recall_rank is not None and not higher_is_better:
             raise ValueError(f"metric {name!r}: a recall metric must be higher-is-better")
         scored = _refusing_empty_gold(name, fn) if kind == GENERATION else fn
-        METRICS[name] = Metric(name, kind, higher_is_better, scored, recall_rank,
-                               tuple(question_kinds), per_probe)
+        METRICS.add(name, Metric(name, kind, higher_is_better, scored, recall_rank,
+                                 tuple(question_kinds), per_probe), origin)
         return scored
     return register
 
@@ -94,18 +96,17 @@ def _refusing_empty_gold(name: str, fn: Callable[..., float]) -> Callable[..., f
 
 
 def get(name: str) -> Metric:
-    try:
-        return METRICS[name]
-    except KeyError:
-        raise ValueError(f"unknown metric {name!r} (registered: {', '.join(METRICS)})") from None
+    """The registered metric `name`; else a RegistryError (a ValueError) with close matches."""
+    return METRICS.get(name)
 
 
 def check_names(names: Iterable[str], where: str) -> None:
-    """Raise ValueError naming `where` if any of `names` is not a registered metric."""
-    unknown = sorted(set(names) - set(METRICS))
-    if unknown:
-        raise ValueError(f"{where}: unknown metric(s) {', '.join(map(repr, unknown))} "
-                         f"(registered: {', '.join(METRICS)})")
+    """The registry's error, prefixed with `where`, for the first of `names` not registered."""
+    for name in sorted(set(names)):
+        try:
+            METRICS.get(name)
+        except RegistryError as e:
+            raise RegistryError(f"{where}: {e}") from None
 
 
 def of_kind(kind: str) -> list[Metric]:

@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.util
 import os
 import signal
 import sys
 import threading
 from contextlib import contextmanager
-from types import ModuleType
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -36,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from evalkit.probe import MAX_LENGTH, Probe, canonical_json
 from evalkit.registry import Registry
-from evalkit.yamlfile import read_yaml
+from evalkit.user_modules import load_user_file
+from evalkit.yamlfile import read_yaml, validation_message
 
 def _builtin_dir() -> Path:
     import evalkit.tasks
@@ -99,22 +98,8 @@ class TaskSpec:
         return hashlib.sha256(canonical_json(d).encode()).hexdigest()
 
 
-def _fmt_loc(loc: Sequence[Any]) -> str:
-    return ".".join(str(x) for x in loc)
-
-
 def _pydantic_error(path: Path, prefix: str, e: ValidationError) -> SpecError:
-    lines = []
-    for err in e.errors():
-        key = _fmt_loc([prefix, *err["loc"]] if prefix else err["loc"])
-        if err["type"] == "extra_forbidden":
-            lines.append(f"{path}: unknown key {key!r}")
-        elif err["type"] == "missing":
-            lines.append(f"{path}: missing required key {key!r}")
-        else:
-            got = err.get("input")
-            lines.append(f"{path}: key {key!r}: {err['msg']} (got {got!r})")
-    return SpecError("\n".join(lines))
+    return SpecError(validation_message(path, e, prefix))
 
 
 def _module_file(mod_name: str, include: Sequence[Path]) -> Path | None:
@@ -127,28 +112,6 @@ def _module_file(mod_name: str, include: Sequence[Path]) -> Path | None:
     return None
 
 
-def load_module_file(name: str, file: Path) -> ModuleType:
-    """The module in `file`, imported once as `name` (callers make `name` unique per file)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def _load_user_module(mod_name: str, file: Path) -> ModuleType:
-    """A top-level user module, loaded from its file under a name unique to that file: two
-    folders' `gen.py` are two modules, never one reused for the other."""
-    digest = hashlib.sha256(str(file).encode()).hexdigest()[:12]
-    return load_module_file(f"evalkit_user_{digest}_{mod_name}", file)
-
-
 def _import_generator(ref: str, path: Path, include: Sequence[Path]) -> tuple[Callable, type]:
     mod_name, _, fn_name = ref.partition(":")
     file = _module_file(mod_name, include)
@@ -157,7 +120,7 @@ def _import_generator(ref: str, path: Path, include: Sequence[Path]) -> tuple[Ca
     try:
         try:
             if file is not None and "." not in mod_name:
-                module = _load_user_module(mod_name, file)
+                module = load_user_file(file, mod_name)
             else:
                 module = importlib.import_module(mod_name)
         except ModuleNotFoundError as e:

@@ -49,5 +49,20 @@ def read_typed(path: str | os.PathLike, model: Any, what: str) -> Any:
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        raise ValueError("\n".join(f"{path}: key {'.'.join(map(str, err['loc']))!r}: {err['msg']}"
-                                   for err in e.errors())) from None
+        raise ValueError(validation_message(path, e)) from None
+
+
+def validation_message(where: str | os.PathLike, e: Any, prefix: str = "") -> str:
+    """A pydantic ValidationError as one line per error, each naming `where` and the key
+    (`prefix.key` when the model sits under `prefix` in the file): unknown keys, missing keys,
+    and wrong values with what was given."""
+    lines = []
+    for err in e.errors():
+        key = ".".join(str(x) for x in ([prefix, *err["loc"]] if prefix else err["loc"]))
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key {key!r}")
+        elif err["type"] == "missing":
+            lines.append(f"{where}: missing required key {key!r}")
+        else:
+            lines.append(f"{where}: key {key!r}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)

@@ -185,13 +185,11 @@ def _tiny_factory(name: str):
             raise ValueError(f"{name} is an embedded model and takes no path")
         folder, trained = _tiny_folder(name), tiny_trained_length(name)
         options.setdefault("name", name)
+        options.setdefault("trained_length", trained)
         if kind == "gla":
-            options.setdefault("trained_length", trained)
             return GLAAdapter(str(folder), **options)
         options.setdefault("max_length", trained)
-        adapter = SoftmaxAdapter(folder, **options)
-        adapter.trained_length = trained
-        return adapter
+        return SoftmaxAdapter(folder, **options)
     make.__module__ = __name__
     return make
 

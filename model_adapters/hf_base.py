@@ -21,7 +21,7 @@ def eos_ids(model: Any, tokenizer: Any) -> set[int]:
 
 
 class HFBase:
-    """Subclasses set name, model, tokenizer, dtype, device, max_length, _vocab,
+    """Subclasses set name, model, tokenizer, dtype, device, max_length, trained_length, _vocab,
     _weight_files and _extra_identity."""
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:

@@ -51,6 +51,7 @@ class InductionAdapter:
             raise ValueError(f"{name}: capacity must be >= 1 entry, got {capacity}")
         self.name, self.tokenizer = name, tokenizer
         self.order, self.capacity, self.max_length = order, capacity, max_length
+        self.trained_length = None  # nothing is trained: it copies
         self.vocab_size = len(tokenizer)
 
     # -- protocol -------------------------------------------------------------------------

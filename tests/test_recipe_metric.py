@@ -29,7 +29,7 @@ def toy():
         return float(prediction.strip().startswith(gold[0]))
 
     yield scoring.METRICS[NAME]
-    del scoring.METRICS[NAME]
+    scoring.METRICS.remove(NAME)
 
 
 @pytest.fixture(scope="module")
@@ -87,15 +87,18 @@ def test_lm_eval_export_scores_it_through_lm_eval(toy, tmp_path):
     assert out["results"]["evalkit_needle_256"][f"{NAME},none"] == 1.0
 
 
-def test_without_the_registration_its_scores_are_an_error(run_dir, monkeypatch, tmp_path):
+def test_without_the_registration_its_scores_are_an_error(run_dir, tmp_path):
     from evalkit.leaderboard import publish
     from evalkit.result import SampleResult
     from evalkit.runner.aggregate import rows
 
-    monkeypatch.delitem(scoring.METRICS, NAME)
-    with pytest.raises(ValueError, match=f"samples.jsonl: scores: unknown metric.*'{NAME}'"):
-        publish([run_dir], tmp_path / "board")
-    lines = (run_dir / "samples.jsonl").read_text().splitlines()
-    samples = [SampleResult.from_dict(json.loads(x)) for x in lines]
-    with pytest.raises(ValueError, match=f"scores of oracle on needle: unknown metric.*'{NAME}'"):
-        rows(samples, {})
+    registered = scoring.METRICS.remove(NAME)
+    try:
+        with pytest.raises(ValueError, match=f"samples.jsonl: scores: unknown metric.*'{NAME}'"):
+            publish([run_dir], tmp_path / "board")
+        lines = (run_dir / "samples.jsonl").read_text().splitlines()
+        samples = [SampleResult.from_dict(json.loads(x)) for x in lines]
+        with pytest.raises(ValueError, match=f"scores of oracle on needle: unknown metric.*'{NAME}'"):
+            rows(samples, {})
+    finally:
+        scoring.METRICS.add(NAME, registered, "tests/test_recipe_metric.py")

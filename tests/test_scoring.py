@@ -17,6 +17,13 @@ def test_docstring_examples_hold():
     assert result.attempted >= 10 and result.failed == 0
 
 
+def test_cell_stats_examples_hold():
+    from evalkit import cell_stats
+
+    result = doctest.testmod(cell_stats)
+    assert result.attempted == 3 and result.failed == 0
+
+
 @pytest.mark.parametrize("name", list(scoring.METRICS))
 def test_every_metric_has_a_worked_example_that_holds(name):
     m = scoring.METRICS[name]
@@ -26,7 +33,7 @@ def test_every_metric_has_a_worked_example_that_holds(name):
 
 
 def test_registry_order_kinds_and_recall_preference():
-    assert list(scoring.METRICS) == ["exact_match", "contains", "normalized_match",
+    assert [m.name for m in scoring.METRICS.values()] == ["exact_match", "contains", "normalized_match",
                                      "string_match_all", "string_match_part", "partial_credit",
                                      "forced_choice", "mqar_accuracy"]
     assert [m.name for m in scoring.of_kind(scoring.FORCED_CHOICE)] == ["forced_choice"]
@@ -40,7 +47,8 @@ def test_bad_registrations_and_unknown_names_are_errors():
         """No example here."""
         return 1.0
 
-    with pytest.raises(ValueError, match="'exact_match' is already registered"):
+    with pytest.raises(ValueError, match="metric 'exact_match' is already registered \\(by "
+                                         "evalkit.scoring.exact_match\\)"):
         scoring.metric("exact_match", kind=scoring.GENERATION)(exact_match)
     with pytest.raises(ValueError, match="kind 'ranking'"):
         scoring.metric("new_one", kind="ranking")(exact_match)
@@ -50,7 +58,7 @@ def test_bad_registrations_and_unknown_names_are_errors():
         scoring.metric("new_one", kind=scoring.GENERATION, higher_is_better=False,
                        recall_rank=9)(exact_match)
     assert "new_one" not in scoring.METRICS
-    with pytest.raises(ValueError, match="unknown metric 'exact'.*registered: exact_match"):
+    with pytest.raises(ValueError, match="unknown metric 'exact'; did you mean 'exact_match'"):
         scoring.get("exact")
     with pytest.raises(ValueError, match="results.json: unknown metric.*'bleu'"):
         scoring.check_names(["exact_match", "bleu"], "results.json")

@@ -229,6 +229,26 @@ def test_oracle_recalls_everything_and_forgetful_less_through_evalkit_run(e2e):
     assert res["models"]["forgetful"]["published"] == "gla-d64"
 
 
+def test_board_cells_are_results_json_cells(e2e):
+    """One aggregation of a cell (evalkit.cell_stats): the board's rows carry results.json's
+    mean and stderr to the bit, per probe for mqar (stderr over probes, not questions)."""
+    from evalkit.cell_stats import mean_stderr
+    from evalkit.leaderboard.board import build
+
+    res = json.loads((e2e / "results.json").read_text())
+    board = build([load_run(e2e)])
+    m = scoring.MQAR_METRIC
+    rows = board.rows.set_index(["model", "load"])
+    for r in res["rows"]:
+        row = rows.loc[(r["model"], r["load"])]
+        assert (row[m], row[f"{m}_stderr"]) == (r["metrics"][m]["mean"], r["metrics"][m]["stderr"])
+        assert (row["recall"], row["recall_stderr"]) == (row[m], row[f"{m}_stderr"])
+    f = next(r for r in res["rows"] if (r["model"], r["load"]) == ("forgetful", 64))["metrics"][m]
+    per_question = [s["scores"][m] for s in map(json.loads, (e2e / "samples.jsonl").read_text()
+                    .splitlines()) if s["model"] == "forgetful" and s["load"] == 64]
+    assert f["n"] == len(per_question) and f["stderr"] != mean_stderr(per_question)[1]
+
+
 # -- the board: accuracy vs state bytes next to the published points ---------------------------
 
 PUBLISHED = REPO / "configs" / "published" / "based_mqar.yaml"

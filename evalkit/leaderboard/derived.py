@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP, paired_bootstrap, seed_for
-from evalkit.leaderboard.tables import ROW_ID, aggregate
+from evalkit.leaderboard.tables import ROW_ID, aggregate, model_kinds
 
 DEFAULT_THRESHOLD = 0.85   # RULER's bar is 85.6 (Llama-2-7B at 4K); we round to 0.85
 KNEE_LEVEL = 0.5           # capacity knee: where recall falls to 50 %
@@ -109,7 +109,7 @@ def add_recall_per_byte(by_len: pd.DataFrame) -> pd.DataFrame:
 def default_pairs(samples: pd.DataFrame) -> list[tuple[str, str]]:
     """(baseline, model) label pairs: every softmax baseline (kv, kv-window) against every
     recurrent model, plus oracle vs. forgetful when both are present."""
-    kinds = samples.groupby("model_label")["state_kind"].agg(lambda s: s.mode().iat[0])
+    kinds = model_kinds(samples)
     base = sorted(m for m, k in kinds.items() if k in BASELINE_KINDS)
     subj = sorted(m for m, k in kinds.items() if k in SUBJECT_KINDS)
     pairs = [(b, s) for b in base for s in subj]

@@ -1,4 +1,5 @@
-"""Aggregation of merged samples into leaderboard rows.
+"""Aggregation of merged samples into leaderboard rows (means and stderrs by evalkit.cell_stats,
+the definition results.json uses).
 
 Means are over *scored* samples only: a sample that failed (error) or was not evaluated (flag,
 e.g. longer than the model's maximum length) has no scores; it is counted in n_failed /
@@ -14,19 +15,30 @@ import numpy as np
 import pandas as pd
 
 from evalkit import scoring
+from evalkit.cell_stats import mean_stderr, per_probe
 from evalkit.leaderboard.load import SCORE_PREFIX, metric_columns
 from evalkit.leaderboard.merge import CELL_KEY, GRID_KEY
 
+NAN = float("nan")
+PER_PROBE = "recall_per_probe"  # with_primary: is the sample's primary metric per_probe?
 ROW_ID = ["model", "model_label", "model_hash", "task", "task_label", "task_version",
           "task_config_hash"]
 
 
-def _stderr(x: pd.Series) -> float:
-    """Sample std (ddof=1) / sqrt(n); 0 for one value, as the runner's results.json has it."""
-    x = x.dropna()
-    if len(x) == 0:
-        return float("nan")
-    return float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else 0.0
+def _mean_stderr(g: pd.DataFrame, metric: str) -> tuple[float, float]:
+    """A group's mean and stderr of `metric` by evalkit.cell_stats, as results.json has them:
+    a per_probe metric's samples count as one value per probe (their mean). `recall` is per
+    probe where the sample's task's primary metric is (column PER_PROBE, from with_primary)."""
+    col = SCORE_PREFIX + metric
+    if col not in g:
+        return NAN, NAN
+    g = g[g[col].notna()]
+    if g.empty:
+        return NAN, NAN
+    flag = (g[PER_PROBE].astype(bool) if metric == "recall" and PER_PROBE in g
+            else pd.Series(per_probe(metric), index=g.index))
+    probes = scoring.probe_means(list(zip(g.loc[flag, "probe_hash"], g.loc[flag, col])))
+    return mean_stderr(g.loc[~flag, col].astype(float).tolist() + probes)
 
 
 def aggregate(samples: pd.DataFrame, by: Sequence[str],
@@ -46,10 +58,7 @@ def aggregate(samples: pd.DataFrame, by: Sequence[str],
                    state_bytes=float(s["state_bytes"].mean()),
                    state_kind=",".join(sorted(set(g["state_kind"].dropna()))))
         for m in metrics:
-            col = SCORE_PREFIX + m
-            vals = s[col] if col in s else pd.Series(dtype=float)
-            row[m] = float(vals.mean()) if vals.notna().any() else float("nan")
-            row[f"{m}_stderr"] = _stderr(vals)
+            row[m], row[f"{m}_stderr"] = _mean_stderr(s, m)
         out.append(row)
     return pd.DataFrame(out)
 
@@ -91,10 +100,12 @@ def with_primary(samples: pd.DataFrame, primary: dict[str, str]) -> pd.DataFrame
     """Add a `recall` column: each sample's primary metric for its task."""
     df = samples.copy()
     df["recall"] = np.nan
+    df[PER_PROBE] = False
     for label, m in primary.items():
         if m:
             sel = df["task_label"] == label
             df.loc[sel, "recall"] = df.loc[sel, SCORE_PREFIX + m]
+            df.loc[sel, PER_PROBE] = per_probe(m)
     df[SCORE_PREFIX + "recall"] = df["recall"]
     return df
 

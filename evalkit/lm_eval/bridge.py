@@ -195,7 +195,7 @@ class EvalkitLM(TemplateLM):
 
     @property
     def max_length(self) -> int | None:
-        return getattr(self.adapter, "max_length", None)
+        return self.adapter.max_length
 
     @property
     def max_gen_toks(self) -> int:

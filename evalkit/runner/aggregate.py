@@ -4,10 +4,11 @@ One row per model x task x target_length x depth x load (the grid cell of each s
 - n: samples that were scored (no error, no flag): the denominator of every metric mean;
   n_failed and n_flagged count the others, so the cell holds n + n_failed + n_flagged samples.
 - metrics: {metric: {mean, stderr, n}} over the scored samples that have the metric (a
-  forced-choice metric needs two candidates). stderr = sample std (ddof=1) / sqrt(n), 0 when
-  n = 1. A metric name not registered in evalkit.scoring is an error. A per_probe metric
-  (Zoology's MQAR accuracy) is averaged per probe first: mean and stderr are over its probes'
-  means, n_probes counts them, and ci95 is a percentile bootstrap over probes (None for one).
+  forced-choice metric needs two candidates), by evalkit.cell_stats (the leaderboard's tables
+  use the same). A metric name not registered in evalkit.scoring is an error. A per_probe
+  metric (Zoology's MQAR accuracy) is averaged per probe first: mean and stderr are over its
+  probes' means, n_probes counts them, and ci95 is a percentile bootstrap over probes (None
+  for one).
 - prompt_tokens, prompt_chars: means over every sample of the cell.
 - state_bytes: mean over scored samples, rounded to whole bytes; state_kind: the adapter's.
 - by_kind: the same metric means split by question kind (recall, latest, ...).
@@ -24,43 +25,30 @@ import numpy as np
 
 from evalkit import scoring
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP, paired_bootstrap, seed_for
+from evalkit.cell_stats import mean_stderr, metric_values, per_probe
 from evalkit.result import SampleResult
+from evalkit.runner.plan import savings_ratio
 
 TIMESTAMP_KEYS = frozenset({"created", "started", "finished", "resumed"})
 
 
-def mean_stderr(values: Sequence[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = math.fsum(values) / n
-    if n == 1:
-        return mean, 0.0
-    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
-
-
 def metric_summary(samples: Sequence[SampleResult], cell: tuple = ()) -> dict[str, dict[str, Any]]:
+    """{metric: {mean, stderr, n}} by evalkit.cell_stats; a per_probe metric adds n_probes and
+    a bootstrap 95 % interval over probes (seeded by the cell, so equal runs give equal ones)."""
     names = sorted({m for s in samples for m in s.scores})
     out: dict[str, dict[str, Any]] = {}
     for m in names:
-        vals = [s.scores[m] for s in samples if m in s.scores]
-        if m in scoring.METRICS and scoring.METRICS[m].per_probe:
-            out[m] = per_probe_summary(
-                [(s.probe_hash, s.scores[m]) for s in samples if m in s.scores], (*cell, m))
-            continue
+        scores = [(s.probe_hash, s.scores[m]) for s in samples if m in s.scores]
+        vals = metric_values(m, scores)
         mean, se = mean_stderr(vals)
-        out[m] = {"mean": mean, "stderr": se, "n": len(vals)}
+        out[m] = {"mean": mean, "stderr": se, "n": len(scores)}
+        if per_probe(m):
+            ci = None
+            if len(vals) > 1:  # one probe has no spread to resample
+                ci = list(paired_bootstrap(np.asarray(vals), DEFAULT_BOOTSTRAP,
+                                           seed_for(0, *cell, m)))
+            out[m].update(n_probes=len(vals), ci95=ci)
     return out
-
-
-def per_probe_summary(scores: Sequence[tuple[str, float]], key: tuple) -> dict[str, Any]:
-    """A per_probe metric: mean/stderr over probe means, a bootstrap 95 % interval over
-    probes (seeded by the cell `key`, so equal runs give equal intervals)."""
-    per = scoring.probe_means(scores)
-    mean, se = mean_stderr(per)
-    ci = None
-    if len(per) > 1:  # one probe has no spread to resample
-        ci = list(paired_bootstrap(np.asarray(per), DEFAULT_BOOTSTRAP, seed_for(0, *key)))
-    return {"mean": mean, "stderr": se, "n": len(scores), "n_probes": len(per), "ci95": ci}
 
 
 def scored(s: SampleResult) -> bool:
@@ -109,10 +97,9 @@ def summary(samples: Sequence[SampleResult]) -> dict[str, Any]:
 
 def prefill_block(tokens_prefilled: int, prompt_tokens: int,
                   per_pair: list[dict] | None = None) -> dict[str, Any]:
-    """savings_ratio = prompt tokens / tokens prefilled (how many times fewer tokens the
-    shared-prefix plan feeds than running every prompt on its own)."""
+    """The run's prefill figures; savings_ratio as plan.savings_ratio defines it."""
     return {"tokens_prefilled": tokens_prefilled, "prompt_tokens": prompt_tokens,
-            "savings_ratio": prompt_tokens / tokens_prefilled if tokens_prefilled else 1.0,
+            "savings_ratio": savings_ratio(prompt_tokens, tokens_prefilled),
             "saved_fraction": 1 - tokens_prefilled / prompt_tokens if prompt_tokens else 0.0,
             "by_model_task": per_pair or []}
 

@@ -100,7 +100,13 @@ class Plan:
 
     @property
     def savings_ratio(self) -> float:
-        return self.prompt_tokens / self.tokens_prefilled if self.tokens_prefilled else 1.0
+        return savings_ratio(self.prompt_tokens, self.tokens_prefilled)
+
+
+def savings_ratio(prompt_tokens: int, tokens_prefilled: int) -> float:
+    """How many times fewer tokens the shared-prefix plan feeds than running every prompt on
+    its own (1.0 when nothing was prefilled)."""
+    return prompt_tokens / tokens_prefilled if tokens_prefilled else 1.0
 
 
 def build_plan(items: Iterable[Item]) -> Plan:

@@ -87,11 +87,11 @@ class _Session:
         if same:
             raise SuiteError(f"{self.resolved.source}: models {same[0]!r} and {m.name!r} are the "
                              f"same model (identical identity and options); list it once")
-        self._check_lengths(mi, m.name, getattr(adapter, "max_length", None))
+        self._check_lengths(mi, m.name, adapter.max_length)
         self.models[m.name] = {**identity, "hash": mhash, "spec": m.spec,
                                "options": provenance.jsonable(m.options), "state_kind": kind,
-                               "max_length": getattr(adapter, "max_length", None),
-                               "trained_length": getattr(adapter, "trained_length", None),
+                               "max_length": adapter.max_length,
+                               "trained_length": adapter.trained_length,
                                **({"published": m.published} if m.published else {})}
         gen = self.resolved.suite.generation
         run = ModelRun(adapter, m.name, mhash, kind, tuple(gen.stop), gen.max_new_tokens)
@@ -131,7 +131,7 @@ class _Session:
     # -- one model x task -------------------------------------------------------------------
     def run_pair(self, run: ModelRun, mi: int, ti: int, task: ResolvedTask) -> None:
         adapter, dist = run.adapter, self.dist
-        max_len = getattr(adapter, "max_length", None)
+        max_len = adapter.max_length
         probes = self.probes_for(task, adapter.tokenizer)
         direct: list[tuple[tuple, SampleResult]] = []  # settled without running the model
         items: list[Item] = []

@@ -50,9 +50,9 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
 
 from evalkit.probe import canonical_json
 from evalkit.render import ANSWER_STOP
-from evalkit.taskspec import (MAX_POINTS, GridPoint, SpecError, TaskSpec, discover, grid,
-                              load_module_file)
-from evalkit.yamlfile import read_yaml
+from evalkit.taskspec import MAX_POINTS, GridPoint, SpecError, TaskSpec, discover, grid
+from evalkit.user_modules import load_user_file
+from evalkit.yamlfile import read_yaml, validation_message
 
 # Groups every suite knows; a suite's own `groups:` may add more (not replace these).
 BUILTIN_GROUPS: dict[str, tuple[str, ...]] = {"all": ("*",)}
@@ -166,19 +166,6 @@ class SuiteConfig(_Grid):
 
 # -- parsing ------------------------------------------------------------------------------
 
-def _format_errors(where: str, e: ValidationError) -> SuiteError:
-    lines = []
-    for err in e.errors():
-        key = ".".join(str(x) for x in err["loc"])
-        if err["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown key {key!r}")
-        elif err["type"] == "missing":
-            lines.append(f"{where}: missing required key {key!r}")
-        else:
-            lines.append(f"{where}: key {key!r}: {err['msg']} (got {err.get('input')!r})")
-    return SuiteError("\n".join(lines))
-
-
 def validate(raw: Any, where: str) -> SuiteConfig:
     if not isinstance(raw, dict):
         raise SuiteError(f"{where}: expected a mapping of keys (models, tasks, ...), "
@@ -186,7 +173,7 @@ def validate(raw: Any, where: str) -> SuiteConfig:
     try:
         return SuiteConfig.model_validate(raw)
     except ValidationError as e:
-        raise _format_errors(where, e) from None
+        raise SuiteError(validation_message(where, e)) from None
 
 
 def _absolute(paths: Sequence[str], base: Path) -> tuple[str, ...]:
@@ -284,8 +271,7 @@ def import_plugins(plugins: Sequence[str], where: str) -> None:
             raise SuiteError(f"{where}: key 'plugins': {ref}: no such file")
         try:
             if is_file:
-                digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-                load_module_file("evalkit_plugin_" + digest, path)
+                load_user_file(path)
             else:
                 importlib.import_module(ref)
         except Exception as e:  # the user's plugin fails as it is imported

@@ -3,8 +3,6 @@ loss plot, train_log.json), each finished in a hidden work folder and then put i
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any

@@ -10,7 +10,6 @@ Every missing, unexpected or mis-shaped tensor is reported in one error.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Iterable

@@ -34,7 +34,8 @@ class RecurrentAdapter(HFBase):
 
     def __init__(self, path: str | os.PathLike, *, name: str | None = None, device: str = "cpu",
                  dtype: Any = "fp32", trust_remote_code: bool = False,
-                 max_length: int | None = None, prefill_chunk: int = 2048,
+                 max_length: int | None = None, trained_length: int | None = None,
+                 prefill_chunk: int = 2048,
                  extra_identity: dict | None = None) -> None:
         from transformers import DynamicCache
 
@@ -63,6 +64,7 @@ class RecurrentAdapter(HFBase):
         self._vocab = self.model.get_input_embeddings().num_embeddings
         cfg_max = max_length_from_config(self.model.config)
         self.max_length = int(max_length) if max_length is not None else cfg_max
+        self.trained_length = None if trained_length is None else int(trained_length)
         self.name = name or folder.name
         self._eos = eos_ids(self.model, self.tokenizer)
         # The kind is what one token's state holds (measured, not assumed from the family).

@@ -98,7 +98,8 @@ class SoftmaxAdapter(HFBase):
     def __init__(self, path: str | os.PathLike, *, name: str | None = None, device: str = "cpu",
                  dtype: Any = "fp32", trust_remote_code: bool = False, window: int | None = None,
                  kv_budget_bytes: int | None = None, match_state_of: str | None = None,
-                 sink: int = 0, max_length: int | None = None, prefill_chunk: int = 2048,
+                 sink: int = 0, max_length: int | None = None, trained_length: int | None = None,
+                 prefill_chunk: int = 2048,
                  score_batch: int = 32, score_batch_bytes: int = 2 << 30,
                  extra_identity: dict | None = None) -> None:
         self.path = str(Path(path).expanduser())
@@ -123,6 +124,7 @@ class SoftmaxAdapter(HFBase):
 
         cfg_max = max_length_from_config(self.model.config)
         self.max_length = int(max_length) if max_length is not None else cfg_max
+        self.trained_length = None if trained_length is None else int(trained_length)
 
         self._full_profile = kv_profile(self.model)
         self.sink = int(sink)
