@@ -204,7 +204,7 @@ def test_readme_tables_by_hand(real_run, board):
     for s in samples:
         if scored(s):
             sb[(s["model"], s["target_length"])].append(s["state_bytes"])
-    from evalkit.leaderboard.readme import fmt_bytes
+    from evalkit.formatting import fmt_bytes
     for row in readme_table(readme, "## State bytes vs. KV cache by length")[1:]:
         for L, cell in zip((128, 256, 512), row[2:]):
             assert cell == fmt_bytes(statistics.fmean(sb[(row[0], L)]))

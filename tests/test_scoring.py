@@ -106,3 +106,10 @@ def test_score_sample_combines_generation_and_choice():
     s = score_sample(" 4821", ["4821"], [-0.1, -5.0])
     assert s["exact_match"] == s["forced_choice"] == 1.0 and len(s) == 7
     assert set(score_sample(None, ["4821"], [-0.1, -5.0])) == {"forced_choice"}
+
+
+def test_formatting_examples_hold():
+    from evalkit import formatting
+
+    result = doctest.testmod(formatting)
+    assert result.attempted == 4 and result.failed == 0

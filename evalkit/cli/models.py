@@ -12,6 +12,7 @@ import argparse
 import json
 from typing import Any
 
+from evalkit.formatting import fmt_bytes
 from evalkit.models import DEFAULT_TOKENS, describe_model, model_info, model_names
 from evalkit.probe import check_tokens
 from evalkit.runner.suite import import_plugins
@@ -30,15 +31,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _human(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
-
-
 def _table(rows: list[dict], n_tokens: int) -> str:
     head = ["name", "kind", "parameters", "state kind", f"state bytes @{n_tokens}", "", "dtype",
             "trained length", "note"]
@@ -49,7 +41,7 @@ def _table(rows: list[dict], n_tokens: int) -> str:
             f"{r['parameters']:,}" if r.get("parameters") is not None else "-",
             r.get("state_kind") or "-",
             f"{r['state_bytes']:,}" if r.get("state_bytes") is not None else "-",
-            _human(r.get("state_bytes")) if r.get("state_bytes") is not None else "",
+            fmt_bytes(r.get("state_bytes")) if r.get("state_bytes") is not None else "",
             r.get("dtype") or "-",
             f"{r['trained_length']:,}" if r.get("trained_length") else "-",
             r.get("error") or r.get("note") or "",

@@ -28,6 +28,7 @@ import numpy as np
 from evalkit import __version__, scoring
 from evalkit.atomic import write_text
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP, check_resamples, paired_bootstrap, seed_for
+from evalkit.formatting import markdown_table, md_cell
 from evalkit.leaderboard.load import Run, load_run, read_samples
 
 FORMAT = "evalkit-drift/1"
@@ -248,8 +249,8 @@ def fmt_num(v: float | None, fmt: str = ".3f", signed: bool = False) -> str:
 
 
 def _cell(v: Any) -> str:
-    text = v if isinstance(v, str) else json.dumps(v, sort_keys=True, ensure_ascii=False)
-    return text.replace("|", "\\|").replace("\n", " ")
+    """A setting's value as one table cell: strings as they are, anything else as JSON."""
+    return md_cell(v if isinstance(v, str) else json.dumps(v, sort_keys=True, ensure_ascii=False))
 
 
 def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -269,8 +270,8 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 def summary_table(rows: list[dict[str, Any]]) -> str:
     head = ["model", "settings (A -> B)", "task", "pairs", "recall A", "recall B",
             "delta recall (95 % CI)", "lost / gained", "answers changed",
-            "mean \\|delta log p(gold)\\|", "max \\|delta log p(gold)\\|"]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+            "mean |delta log p(gold)|", "max |delta log p(gold)|"]
+    body = []
     for r in rows:
         ci = (f"{fmt_num(r['delta'], signed=True)} [{fmt_num(r['ci_low'], signed=True)}, "
               f"{fmt_num(r['ci_high'], signed=True)}]")
@@ -278,8 +279,8 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
                  fmt_num(r["recall_b"]), ci, f"{r['lost']} / {r['gained']}",
                  str(r["changed_answers"]), fmt_num(r["mean_abs_dlogprob"], ".3g"),
                  fmt_num(r["max_abs_dlogprob"], ".3g")]
-        lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
-    return "\n".join(lines) + "\n"
+        body.append(cells)
+    return markdown_table(head, body) + "\n"
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -294,30 +295,28 @@ def render_markdown(report: dict[str, Any]) -> str:
     for c in report["comparisons"]:
         out += [f"## {c['model']}", "", "Settings that differ:", ""]
         if c["settings"]:
-            out += ["| setting | A | B |", "| --- | --- | --- |"]
-            out += [f"| {k} | {_cell(x)} | {_cell(y)} |" for k, (x, y) in c["settings"].items()]
+            out.append(markdown_table(["setting", "A", "B"], [[k, _cell(x), _cell(y)] for k, (x, y)
+                                                               in c["settings"].items()]))
         else:
             out.append("none: the same identity and package versions.")
         out += ["", f"{c['n_samples']} samples paired; answers that changed "
                     f"({len(c['changes'])}):", ""]
         if c["changes"]:
-            out += ["| change | task | probe | q | gold | A | B | log p(gold) A | log p(gold) B |",
-                    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-            for d in c["changes"]:
-                out.append("| " + " | ".join(_cell(x) for x in (
-                    d["change"], d["task"], d["probe_id"], str(d["question"]),
-                    ", ".join(d["gold"]), json.dumps(d["prediction_a"], ensure_ascii=False),
-                    json.dumps(d["prediction_b"], ensure_ascii=False),
-                    fmt_num(d["gold_logprob_a"], ".4f"), fmt_num(d["gold_logprob_b"], ".4f"))) + " |")
+            out.append(markdown_table(
+                ["change", "task", "probe", "q", "gold", "A", "B", "log p(gold) A", "log p(gold) B"],
+                [[d["change"], d["task"], d["probe_id"], d["question"], ", ".join(d["gold"]),
+                  json.dumps(d["prediction_a"], ensure_ascii=False),
+                  json.dumps(d["prediction_b"], ensure_ascii=False),
+                  fmt_num(d["gold_logprob_a"], ".4f"), fmt_num(d["gold_logprob_b"], ".4f")]
+                 for d in c["changes"]]))
         else:
             out.append("none.")
         if c["unscored"]:
             out += ["", f"Not scored in both runs, left out of the recall ({len(c['unscored'])}):",
-                    "", "| task | probe | q | A | B |", "| --- | --- | --- | --- | --- |"]
-            out += ["| " + " | ".join(_cell(x) for x in (u["task"], u["probe_id"],
-                                                          str(u["question"]), u["reason_a"] or "scored",
-                                                          u["reason_b"] or "scored")) + " |"
-                    for u in c["unscored"]]
+                    "", markdown_table(["task", "probe", "q", "A", "B"],
+                                       [[u["task"], u["probe_id"], u["question"],
+                                         u["reason_a"] or "scored", u["reason_b"] or "scored"]
+                                        for u in c["unscored"]])]
         out.append("")
     return "\n".join(out)
 

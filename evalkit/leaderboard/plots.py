@@ -6,8 +6,6 @@ the path written, or None when its data is absent (the README then says why it w
 """
 from __future__ import annotations
 
-import math
-import re
 from pathlib import Path
 from typing import Sequence
 
@@ -15,6 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from evalkit.formatting import fmt_bytes, fmt_len
 from evalkit.leaderboard.derived import KNEE_LEVEL, logistic
 from evalkit.leaderboard.tables import aggregate
 
@@ -22,31 +21,11 @@ _DPI = 110
 _KIND_MARKER = {"recurrent": "o", "hybrid": "P", "kv": "s", "kv-window": "D", "memory": "^"}
 
 
-def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
-
-
 def model_colors(labels: Sequence[str]) -> dict[str, tuple]:
     from matplotlib import colormaps
 
     cmap = colormaps["tab10"]
     return {m: cmap(i % 10) for i, m in enumerate(sorted(labels))}
-
-
-def fmt_len(n: float) -> str:
-    n = float(n)
-    if n >= 1024 and n % 1024 == 0:
-        return f"{int(n // 1024)}k"
-    return f"{n:,.0f}"
-
-
-def fmt_bytes(b: float) -> str:
-    if b is None or (isinstance(b, float) and math.isnan(b)):
-        return "—"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= scale:
-            return f"{b / scale:.3g} {unit}"
-    return f"{b:.0f} B"
 
 
 def _grid(n: int, w: float = 4.2, h: float = 3.4) -> tuple[Figure, list]:

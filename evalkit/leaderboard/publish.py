@@ -26,6 +26,7 @@ from typing import Iterator, Sequence
 import pandas as pd
 
 from evalkit import __version__, atomic
+from evalkit.formatting import slug
 from evalkit.leaderboard import plots as P
 from evalkit.leaderboard import recall_state
 from evalkit.leaderboard.board import Board, Options, build, records
@@ -245,7 +246,7 @@ def draw_plots(board: Board, out: Path) -> tuple[dict[str, list[tuple[str, str]]
             sections[section].append((title, Path(path).relative_to(out).as_posix()))
 
     for task in sorted(board.tasks):
-        s = P.slug(task)
+        s = slug(task)
         add("Recall vs. state bytes (the signature figure)", f"{task}: recall vs. state bytes",
             f"state-bytes-{s}.png", lambda p: P.recall_vs_state_bytes(board.by_len, board.kinds,
                                                                        task, p),

@@ -11,7 +11,7 @@ from evalkit.leaderboard import derived, recall_state
 from evalkit.leaderboard.board import Board
 from evalkit.leaderboard.drift import summary_rows, summary_table
 from evalkit.leaderboard.tables import beyond_trained
-from evalkit.leaderboard.plots import fmt_bytes, fmt_len
+from evalkit.formatting import fmt_bytes, fmt_len, markdown_table
 
 
 def _num(x: float, fmt: str = "{:.2f}") -> str:
@@ -36,15 +36,6 @@ def fmt_recall(r: pd.Series, col: str = "recall") -> str:
     extra = f"n={r['n']}" + (f", {r['n_failed']} failed" if r["n_failed"] else "") + \
         (f", {r['n_flagged']} flagged" if r["n_flagged"] else "")
     return f"{text} ({extra})"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    def esc(c: object) -> str:
-        return str(c).replace("|", "\\|")
-    lines = ["| " + " | ".join(map(esc, header)) + " |",
-             "|" + "|".join(" --- " for _ in header) + "|"]
-    lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _pivot(g: pd.DataFrame, lengths: list[int], cell) -> list[list[str]]:
@@ -99,18 +90,18 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
         w(f"### {task}\n")
         w(f"Primary metric: `{metric}`.\n")
         rows = [[r[0], board.kinds.get(r[0], "")] + r[1:] for r in _pivot(g, lengths, fmt_recall)]
-        w(table(["model", "state"] + _len_header(lengths), rows) + "\n")
+        w(markdown_table(["model", "state"] + _len_header(lengths), rows) + "\n")
         for m in (m.name for m in scoring.of_kind(scoring.FORCED_CHOICE)):
             if m in g and g[m].notna().any():
                 w(f"`{m}`: {scoring.get(m).summary}\n")
                 rows = _pivot(g, lengths, lambda r, m=m: fmt_recall(r, m))
-                w(table(["model"] + _len_header(lengths), rows) + "\n")
+                w(markdown_table(["model"] + _len_header(lengths), rows) + "\n")
         note = (" Tokenizers differ here: compare models by characters." if
                 board.use_chars.get(task) else "")
         w(f"Mean prompt length, tokens / characters.{note}\n")
-        w(table(["model"] + _len_header(lengths), _pivot(
-            g, lengths, lambda r: f"{_num(r['prompt_tokens'], '{:,.0f}')} / "
-                                  f"{_num(r['prompt_chars'], '{:,.0f}')}")) + "\n")
+        w(markdown_table(["model"] + _len_header(lengths), _pivot(
+                     g, lengths, lambda r: f"{_num(r['prompt_tokens'], '{:,.0f}')} / "
+                                           f"{_num(r['prompt_chars'], '{:,.0f}')}")) + "\n")
 
     # -- effective length ---------------------------------------------------------------------
     w(f"## Effective length (threshold {o.threshold:g})\n")
@@ -124,8 +115,8 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
             chars = _num(r["effective_chars"], "{:,.0f}")
         rows.append([r["model_label"], r["task_label"], val, chars,
                      ", ".join(fmt_len(x) for x in tested)])
-    w(table(["model", "task", "effective length (tokens)", "≈ characters", "lengths tested"],
-            rows) + "\n")
+    w(markdown_table(["model", "task", "effective length (tokens)", "≈ characters", "lengths tested"],
+                     rows) + "\n")
 
     # -- capacity knee --------------------------------------------------------------------
     w("## Capacity knee\n")
@@ -141,7 +132,7 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
                 r["censored"], f"{r['knee']:.3g}")
             rows.append([r["model_label"], r["task_label"], fmt_len(r["target_length"]), val,
                          ", ".join(f"{n}: {y:.2f}" for n, y in zip(loads, r["recall"]))])
-        w(table(["model", "task", "length (tok)", "knee (facts)", "recall by load"], rows) + "\n")
+        w(markdown_table(["model", "task", "length (tok)", "knee (facts)", "recall by load"], rows) + "\n")
 
     w(capacity_section(board))
 
@@ -153,7 +144,7 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
     lengths = sorted(int(x) for x in bb["target_length"].unique())
     rows = [[r[0], board.kinds.get(r[0], "")] + r[1:]
             for r in _pivot(bb, lengths, lambda r: fmt_bytes(r["state_bytes"]))]
-    w(table(["model", "state"] + _len_header(lengths), rows) + "\n")
+    w(markdown_table(["model", "state"] + _len_header(lengths), rows) + "\n")
 
     # -- recall per byte -------------------------------------------------------------------
     w("## Recall per byte of state\n")
@@ -164,8 +155,8 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
         g = bl[bl["task_label"] == task]
         lengths_t = sorted(int(x) for x in g["target_length"].unique())
         w(f"**{task}**\n")
-        w(table(["model"] + _len_header(lengths_t), _pivot(
-            g, lengths_t, lambda r: _num(r["recall_per_byte"] * 1e6, "{:.3g}"))) + "\n")
+        w(markdown_table(["model"] + _len_header(lengths_t), _pivot(
+                     g, lengths_t, lambda r: _num(r["recall_per_byte"] * 1e6, "{:.3g}"))) + "\n")
 
     # -- gaps -----------------------------------------------------------------------------
     w("## Recall gap (baseline minus model)\n")
@@ -184,8 +175,8 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
                          r["n_pairs"], _num(r["baseline_recall"]), _num(r["model_recall"]),
                          f"{r['gap']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"
                          + (" *" if r["ci_low"] > 0 or r["ci_high"] < 0 else "")])
-        w(table(["baseline", "model", "task", "length (tok)", "pairs", "baseline recall",
-                 "model recall", "gap [95 % CI]"], rows) + "\n")
+        w(markdown_table(["baseline", "model", "task", "length (tok)", "pairs", "baseline recall",
+                          "model recall", "gap [95 % CI]"], rows) + "\n")
 
     if drift:
         w(_drift(drift))
@@ -267,8 +258,8 @@ def capacity_section(board: Board) -> str:
                             f"largest state's intervals {'do not overlap' if apart else 'overlap'}"
                             + (" (models past their trained length left out)."
                                if (recurrent & past).any() else "."))
-    out.append(table(["model", "state", "task", "length (tok)", "bytes held", "knee (facts)",
-                      "95 % interval", "n"], rows) + "\n")
+    out.append(markdown_table(["model", "state", "task", "length (tok)", "bytes held", "knee (facts)",
+                               "95 % interval", "n"], rows) + "\n")
     if verdicts:
         out.append("\n".join(verdicts) + "\n")
     return "\n".join(out)
@@ -339,8 +330,8 @@ def _provenance(board: Board, version: str) -> str:
         rows.append([r.run_id, f"{r.created:%Y-%m-%d %H:%M}", r.evalkit_version or "?",
                      r.config_hash[:12], int(cells.get(r.run_id, 0)),
                      board.merged.superseded.get(r.run_id, 0), f"`{r.path.as_posix()}`"])
-    out.append(table(["run", "created (UTC)", "evalkit", "config", "cells used",
-                      "cells superseded", "folder"], rows) + "\n")
+    out.append(markdown_table(["run", "created (UTC)", "evalkit", "config", "cells used",
+                               "cells superseded", "folder"], rows) + "\n")
     rows = []
     for m in sorted(board.identities):
         ident = board.identities[m]
@@ -349,9 +340,9 @@ def _provenance(board: Board, version: str) -> str:
                          if k not in ("hash", "name") and isinstance(v, (str, int, float))
                          and not (isinstance(v, str) and len(v) > 40))
         rows.append([m, board.kinds.get(m, ""), f"`{mh[:16]}`", rest])
-    out.append(table(["model", "state", "identity hash", "identity"], rows) + "\n")
+    out.append(markdown_table(["model", "state", "identity hash", "identity"], rows) + "\n")
     rows = [[t, i["version"], f"`{i['config_hash'][:16]}`", i["primary_metric"], i["source"]]
             for t, i in sorted(board.tasks.items())]
-    out.append(table(["task", "version", "config hash", "primary metric", "source"], rows) + "\n")
+    out.append(markdown_table(["task", "version", "config hash", "primary metric", "source"], rows) + "\n")
     out.append(f"Published with evalkit {version}.\n")
     return "\n".join(out)

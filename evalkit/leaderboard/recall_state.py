@@ -32,7 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from evalkit import scoring
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP, seed_for
 from evalkit.leaderboard.load import SCORE_PREFIX
-from evalkit.leaderboard.plots import fmt_bytes, model_colors
+from evalkit.formatting import fmt_bytes, markdown_table
+from evalkit.leaderboard.plots import model_colors
 from evalkit.yamlfile import read_yaml
 
 BASED_TEST_MIX: tuple[tuple[int, int], ...] = (
@@ -239,17 +240,14 @@ def published_comparison(points: pd.DataFrame, published: PublishedSet,
 
 def comparison_markdown(table: pd.DataFrame) -> str:
     """The comparison as a Markdown table ("≈" marks a value read off a figure)."""
-    head = ("| model | published as | ours [95 % CI] | published | ours − published "
-            "| our state | published state | source |\n|---|---|---|---|---|---|---|---|\n")
-    lines = []
-    for _, r in table.iterrows():
-        approx = "≈ " if r["approximate"] else ""
-        lines.append(
-            f"| {r['model']} | {r['published']} | {r['ours']:.3f} [{r['ours_lo']:.3f}, "
-            f"{r['ours_hi']:.3f}] | {approx}{r['published_accuracy']:.2f} | "
-            f"{r['difference']:+.3f} | {fmt_bytes(r['ours_state_bytes'])} | "
-            f"{fmt_bytes(r['published_state_bytes'])} | arXiv {r['source']} |")
-    return head + "\n".join(lines) + ("\n" if lines else "")
+    head = ["model", "published as", "ours [95 % CI]", "published", "ours − published",
+            "our state", "published state", "source"]
+    rows = [[r["model"], r["published"], f"{r['ours']:.3f} [{r['ours_lo']:.3f}, {r['ours_hi']:.3f}]",
+             ("≈ " if r["approximate"] else "") + f"{r['published_accuracy']:.2f}",
+             f"{r['difference']:+.3f}", fmt_bytes(r["ours_state_bytes"]),
+             fmt_bytes(r["published_state_bytes"]), f"arXiv {r['source']}"]
+            for _, r in table.iterrows()]
+    return markdown_table(head, rows) + "\n"
 
 
 # -- the board's hook (evalkit.leaderboard.publish.draw_plots) -------------------------------

@@ -22,15 +22,11 @@ and those tasks also download Paul Graham's essays from the hub, so they cannot 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any, Sequence
 
 from evalkit import atomic
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "model"
+from evalkit.formatting import slug
 
 
 def tokenizer_folder(tokenizer: Any) -> str | None:
@@ -100,10 +96,10 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: Sequence[str], *, output_dir
         if res is None:  # not rank 0
             continue
         samples = res.pop("samples", None) or {}
-        folder = out / _slug(name)
+        folder = out / slug(name, "model")
         files: dict[str, Any] = {"results": str(folder / "results.json"), "samples": {}}
         for task, rows in samples.items():
-            path = folder / f"samples_{_slug(task)}.jsonl"
+            path = folder / f"samples_{slug(task, 'model')}.jsonl"
             atomic.write_text(path, "".join(
                 json.dumps(r, default=handle_non_serializable, ensure_ascii=False) + "\n"
                 for r in rows))

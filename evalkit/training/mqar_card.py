@@ -1,6 +1,7 @@
 """The model card (README.md) of an MQAR family member, from its train_log."""
 from __future__ import annotations
 
+from evalkit.formatting import fmt_bytes
 from evalkit.training.mqar import MQARFamily, Member, member_config
 
 MIXERS = {"gla": "GLA (Gated Linear Attention)", "attn": "softmax attention (KV cache)",
@@ -8,7 +9,7 @@ MIXERS = {"gla": "GLA (Gated Linear Attention)", "attn": "softmax attention (KV 
 
 
 def _kb(n: int) -> str:
-    return f"{n:,} B ({n / 1000:.1f} kB)"
+    return f"{n:,} B ({fmt_bytes(n)})"
 
 
 def _sweep(log: dict) -> str:
