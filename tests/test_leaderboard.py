@@ -465,7 +465,7 @@ def test_capacity_knee_on_a_run(real_run, tmp_path):
         return s
 
     b = build([load_run(copy_run(real_run, tmp_path / "knee", edit_sample=overloaded))])
-    k = b.knees.set_index("model_label")
+    k = b.capacity_knee.set_index("model_label")
     assert k.loc["forgetful", "censored"] == "" and 2 < k.loc["forgetful", "knee"] < 4
     assert k.loc["forgetful", "loads"] == [1, 2, 4, 8]
     assert k.loc["oracle", "censored"] == "above" and np.isnan(k.loc["oracle", "knee"])

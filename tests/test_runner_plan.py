@@ -10,7 +10,7 @@ from evalkit.models import load_model
 from evalkit.probe import Probe, ProbeMeta, Question, Segment
 from evalkit.render import continuation_ids, prompt_ids, render
 from evalkit.runner.execute import ModelRun, execute
-from evalkit.runner.plan import Item, build_plan
+from evalkit.runner.plan import Request, build_plan
 from evalkit.runner.suite import import_plugins
 from evalkit.scoring import score_sample
 from evalkit.taskspec import discover, generate_probes, grid
@@ -34,7 +34,7 @@ def toy_probes(tok, task, **kw):
 
 
 def items_of(probes, tok):
-    return [Item(p, qi, render(p, tok), (pi, qi))
+    return [Request(p, qi, render(p, tok), (pi, qi))
             for pi, p in enumerate(probes) for qi in range(len(p.questions))]
 
 

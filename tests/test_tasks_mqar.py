@@ -21,7 +21,7 @@ from evalkit.leaderboard.recall_state import (BASED_TEST_MIX, PublishedError, bo
 from evalkit.render import probe_length, render
 from evalkit.result import SampleResult
 from evalkit.runner import aggregate
-from evalkit.runner.plan import Item, build_plan
+from evalkit.runner.plan import Request, build_plan
 from evalkit.runner.suite import SuiteError, load_suite
 from evalkit.tasks import mqar
 from evalkit.taskspec import discover, generate_probes, grid
@@ -134,7 +134,7 @@ def test_probes_are_exact_and_stream_once(tok):
             assert prompt == stream_ids[:len(prompt)] and 1 <= prompt[-1] < 4096
             assert q.gold == (f"v{pairs[prompt[-1]]}",) and q.kind == "mqar"
             assert len(prompt) == q.fact_token + q.distance + 1
-            items.append(Item(p, qi, r))
+            items.append(Request(p, qi, r))
     plan = build_plan(items)
     # one unit (prefill) per probe; everything after streams through the same state, and
     # each token up to the last query is fed once (the tail after it is never needed)

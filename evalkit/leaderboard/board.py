@@ -38,10 +38,10 @@ class Board:
     samples: pd.DataFrame              # merged samples with a `recall` column
     primary: dict[str, str]            # task_label -> metric
     rows: pd.DataFrame                 # one per model x task x length x depth x load
-    by_len: pd.DataFrame               # per model x task x length (pooled over depth, load)
-    bytes_by_len: pd.DataFrame         # per model x length (pooled over tasks)
-    eff: pd.DataFrame
-    knees: pd.DataFrame
+    by_length: pd.DataFrame            # per model x task x length (pooled over depth, load)
+    state_bytes_by_length: pd.DataFrame         # per model x length (pooled over tasks)
+    effective_length: pd.DataFrame
+    capacity_knee: pd.DataFrame
     pairs: list[tuple[str, str]]
     cell_gaps: pd.DataFrame
     length_gaps: pd.DataFrame
@@ -75,7 +75,7 @@ def build(runs: list[Run], options: Options | None = None) -> Board:
     rows = cell_rows(samples)  # every metric, plus `recall` = the task's primary metric
     rows.insert(rows.columns.get_loc("recall"), "primary_metric", rows["task_label"].map(primary))
     bl = derived.add_recall_per_byte(by_length(samples))
-    bytes_by_len = aggregate(samples, ["model_label", "target_length"], [])
+    state_bytes_by_length = aggregate(samples, ["model_label", "target_length"], [])
     pairs = (derived.resolve_pairs(samples, options.gap_pairs) if options.gap_pairs
              else derived.default_pairs(samples))
     cell_gaps = derived.gaps(samples, pairs, ["task_label", "target_length", "depth", "load"],
@@ -98,9 +98,9 @@ def build(runs: list[Run], options: Options | None = None) -> Board:
                                   "source": info.get("source", ""),
                                   "primary_metric": primary.get(r["task_label"], "")}
     return Board(options=options, merged=merged, samples=samples, primary=primary, rows=rows,
-                 by_len=bl, bytes_by_len=bytes_by_len,
-                 eff=derived.effective_length(bl, options.threshold),
-                 knees=derived.capacity_knee(samples), pairs=pairs, cell_gaps=cell_gaps,
+                 by_length=bl, state_bytes_by_length=state_bytes_by_length,
+                 effective_length=derived.effective_length(bl, options.threshold),
+                 capacity_knee=derived.capacity_knee(samples), pairs=pairs, cell_gaps=cell_gaps,
                  length_gaps=length_gaps, kinds=model_kinds(samples),
                  use_chars=tokenizers_differ(samples, identities), identities=identities,
                  tasks=tasks)

@@ -76,7 +76,7 @@ def _provenance(board: Board) -> dict[str, Any]:
 
 def page_data(board: Board, version: str) -> dict[str, Any]:
     """Everything the page draws; NaN becomes null (a cell with nothing scored)."""
-    bl = board.by_len
+    bl = board.by_length
     latest = max(r.created for r in board.merged.runs)
     return {
         "version": version,

@@ -34,7 +34,7 @@ from evalkit.leaderboard.derived import KNEE_LEVEL
 from evalkit.leaderboard.drift import read_report, summary_rows, to_json
 from evalkit.leaderboard.load import expand_run_dirs, load_run
 from evalkit.leaderboard.page import render_page
-from evalkit.leaderboard.readme import render
+from evalkit.leaderboard.readme import render_readme
 
 FORMAT = "evalkit-leaderboard/1"  # marks a folder publish may replace
 _REPLACEABLE_EXTRAS = {".gitkeep"}
@@ -199,11 +199,11 @@ def write_board(board: Board, out: Path, run_paths: Sequence[str],
                    for m, ident in sorted(board.identities.items())},
         "tasks": board.tasks,
         "rows": records(board.rows),
-        "by_length": records(board.by_len),
-        "state_bytes": records(board.bytes_by_len[["model_label", "target_length", "n",
+        "by_length": records(board.by_length),
+        "state_bytes": records(board.state_bytes_by_length[["model_label", "target_length", "n",
                                                    "state_bytes", "state_kind"]]),
-        "effective_length": records(board.eff),
-        "capacity_knee": records(board.knees),
+        "effective_length": records(board.effective_length),
+        "capacity_knee": records(board.capacity_knee),
         "gaps": {"cells": records(board.cell_gaps), "by_length": records(board.length_gaps)},
         "plots": {k: [rel for _, rel in v] for k, v in sections.items()},
         "skipped_plots": skipped,
@@ -219,7 +219,7 @@ def write_board(board: Board, out: Path, run_paths: Sequence[str],
     (out / "results.json").write_text(
         atomic.dumps(doc, (shown or out) / "results.json", indent=1, default=str) + "\n",
         encoding="utf-8")
-    (out / "README.md").write_text(render(board, run_paths, sections, skipped, __version__,
+    (out / "README.md").write_text(render_readme(board, run_paths, sections, skipped, __version__,
                                           drift, to=_shown_as(shown or out)), encoding="utf-8")
     atomic.write_text(out / "index.html", render_page(board, __version__))  # the board as a page
     return files, skipped
@@ -248,18 +248,18 @@ def draw_plots(board: Board, out: Path) -> tuple[dict[str, list[tuple[str, str]]
     for task in sorted(board.tasks):
         s = slug(task)
         add("Recall vs. state bytes (the signature figure)", f"{task}: recall vs. state bytes",
-            f"state-bytes-{s}.png", lambda p: P.recall_vs_state_bytes(board.by_len, board.kinds,
+            f"state-bytes-{s}.png", lambda p: P.recall_vs_state_bytes(board.by_length, board.kinds,
                                                                        task, p),
             why="no state bytes recorded")
         add("Recall vs. context length", f"{task}: recall vs. context length",
-            f"length-{s}.png", lambda p: P.recall_vs_length(board.by_len, task, p, o.threshold,
+            f"length-{s}.png", lambda p: P.recall_vs_length(board.by_length, task, p, o.threshold,
                                                              board.use_chars.get(task, False)),
             why="fewer than two lengths scored")
         add("Needle heatmaps (depth x length)", f"{task}: depth x length heatmap",
             f"heatmap-{s}.png", lambda p: P.depth_length_heatmaps(board.samples, task, p),
             why="only one depth")
         add("Recall vs. load", f"{task}: recall vs. load", f"load-{s}.png",
-            lambda p: P.recall_vs_load(board.samples, board.knees, task, p),
+            lambda p: P.recall_vs_load(board.samples, board.capacity_knee, task, p),
             why="no load sweep (one load)")
         add("Capacity by state size", f"{task}: recall vs. number of facts by state size",
             f"capacity-{s}.png",

@@ -50,11 +50,11 @@ def _len_header(lengths: list[int]) -> list[str]:
     return [f"{fmt_len(L)} tok" for L in lengths]
 
 
-def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[str, str]]],
+def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[str, str]]],
            skipped: Sequence[str], version: str, drift: Sequence[tuple[str, dict]] = (),
            to: str = "leaderboard/") -> str:
     o = board.options
-    bl = board.by_len.assign(beyond_trained=beyond_trained(board.by_len, board.identities))
+    bl = board.by_length.assign(beyond_trained=beyond_trained(board.by_length, board.identities))
     runs = board.merged.runs
     latest = max(r.created for r in runs)
     out: list[str] = []
@@ -106,7 +106,7 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
     # -- effective length ---------------------------------------------------------------------
     w(f"## Effective length (threshold {o.threshold:g})\n")
     rows = []
-    for _, r in board.eff.sort_values(["task_label", "model_label"]).iterrows():
+    for _, r in board.effective_length.sort_values(["task_label", "model_label"]).iterrows():
         tested = r["lengths_tested"]
         if r["censored"] == "below":
             val, chars = f"< {fmt_len(tested[0])}", "—"
@@ -120,12 +120,12 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
 
     # -- capacity knee --------------------------------------------------------------------
     w("## Capacity knee\n")
-    if board.knees.empty:
+    if board.capacity_knee.empty:
         w("Not computed: no task in these runs sweeps the load (at least two loads at one "
           "length).\n")
     else:
         rows = []
-        for _, r in board.knees.sort_values(["task_label", "model_label",
+        for _, r in board.capacity_knee.sort_values(["task_label", "model_label",
                                              "target_length"]).iterrows():
             loads = r["loads"]
             val = {"above": f"> {loads[-1]}", "below": f"< {loads[0]}"}.get(
@@ -140,7 +140,7 @@ def render(board: Board, run_paths: Sequence[str], plots: dict[str, list[tuple[s
     w("## State bytes vs. KV cache by length\n")
     w("Mean bytes the model holds when it answers (recurrent state, KV cache, or the reference "
       "models' token memory), over all tasks at that length.\n")
-    bb = board.bytes_by_len
+    bb = board.state_bytes_by_length
     lengths = sorted(int(x) for x in bb["target_length"].unique())
     rows = [[r[0], board.kinds.get(r[0], "")] + r[1:]
             for r in _pivot(bb, lengths, lambda r: fmt_bytes(r["state_bytes"]))]

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 from evalkit.adapter import prefill_batch
 from evalkit.render import ANSWER_STOP, continuation_ids
 from evalkit.result import SampleResult
-from evalkit.runner.plan import Item, Node, Plan, Unit, chain, length_buckets
+from evalkit.runner.plan import Request, Node, Plan, Unit, chain, length_buckets
 from evalkit.scoring import score_sample
 
 
@@ -36,7 +36,7 @@ class ModelRun:
     max_new_tokens: int | None = None  # overrides each question's own budget when set
 
 
-def prompt_chars(item: Item) -> int:
+def prompt_chars(item: Request) -> int:
     """Characters of the prompt's content (context up to the question, question, answer
     prefix). Chat-template markup is not counted, so the number compares across tokenizers."""
     p, q = item.probe, item.question
@@ -45,7 +45,7 @@ def prompt_chars(item: Item) -> int:
     return ctx + question + (0 if p.chat else 2)  # plain probes: "\n" text "\n" prefix
 
 
-def base_sample(run: ModelRun, item: Item, prompt_tokens: int | None = None) -> SampleResult:
+def base_sample(run: ModelRun, item: Request, prompt_tokens: int | None = None) -> SampleResult:
     p, q = item.probe, item.question
     return SampleResult(
         model=run.name, model_hash=run.model_hash, task=p.task, task_version=p.task_version,
@@ -57,20 +57,20 @@ def base_sample(run: ModelRun, item: Item, prompt_tokens: int | None = None) -> 
         candidates=list(q.candidates), state_kind=run.state_kind)
 
 
-def describe(e: BaseException) -> str:
+def error_text(e: BaseException) -> str:
     """`Type: message (at file:line)` of the innermost frame: enough to find the bug."""
     msg = "".join(traceback.format_exception_only(type(e), e)).strip()
     tb = traceback.extract_tb(e.__traceback__)
     return f"{msg} (at {tb[-1].filename}:{tb[-1].lineno})" if tb else msg
 
 
-def failed(run: ModelRun, item: Item, e: BaseException) -> SampleResult:
+def failed(run: ModelRun, item: Request, e: BaseException) -> SampleResult:
     s = base_sample(run, item)
-    s.error = describe(e)
+    s.error = error_text(e)
     return s
 
 
-def answer(run: ModelRun, item: Item, state: Any, *, consume: bool, feed: bool = True) -> SampleResult:
+def answer(run: ModelRun, item: Request, state: Any, *, consume: bool, feed: bool = True) -> SampleResult:
     """Answer `item` from `state` (the context before its question; with feed=False, the
     whole prompt). With consume=False the state is forked first and stays intact."""
     model, q = run.adapter, item.question

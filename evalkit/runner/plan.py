@@ -25,7 +25,7 @@ from evalkit.render import Rendered
 
 
 @dataclass(frozen=True, eq=False)
-class Item:
+class Request:
     """One question of one probe, with the probe's token ids for this model's tokenizer."""
 
     probe: Probe
@@ -54,9 +54,9 @@ class Item:
 class Node:
     piece: tuple[int, ...]                     # ids of one context segment
     children: dict = field(default_factory=dict)  # piece ids -> Node, in insertion order
-    items: list[Item] = field(default_factory=list)  # questions asked right after this piece
+    items: list[Request] = field(default_factory=list)  # questions asked right after this piece
 
-    def subtree_items(self) -> list[Item]:
+    def subtree_items(self) -> list[Request]:
         out, stack = [], [self]
         while stack:
             n = stack.pop()
@@ -81,9 +81,9 @@ class Unit:
 
     prefix: tuple[int, ...]
     node: Node | None = None
-    item: Item | None = None
+    item: Request | None = None
 
-    def items(self) -> list[Item]:
+    def items(self) -> list[Request]:
         return [self.item] if self.item is not None else self.node.subtree_items()
 
 
@@ -94,7 +94,7 @@ class Plan:
     prompt_tokens: int      # the sum of every question's prompt length (no sharing)
     n_items: int
 
-    def items(self) -> Iterator[Item]:
+    def items(self) -> Iterator[Request]:
         for u in self.units:
             yield from u.items()
 
@@ -109,7 +109,7 @@ def savings_ratio(prompt_tokens: int, tokens_prefilled: int) -> float:
     return prompt_tokens / tokens_prefilled if tokens_prefilled else 1.0
 
 
-def build_plan(items: Iterable[Item]) -> Plan:
+def build_plan(items: Iterable[Request]) -> Plan:
     """Plan `items` (in sample order); questions at one node keep that order."""
     root = Node(())
     n_items = prompt_tokens = tokens = 0

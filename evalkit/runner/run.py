@@ -26,7 +26,7 @@ from evalkit.result import SampleResult
 from evalkit.runner import aggregate, distributed, provenance, rundir
 from evalkit.runner.cache import CacheError, CacheMismatch, SampleCache
 from evalkit.runner.execute import ModelRun, base_sample, execute, failed
-from evalkit.runner.plan import Item, build_plan
+from evalkit.runner.plan import Request, build_plan
 from evalkit.runner.suite import ResolvedModel, ResolvedSuite, ResolvedTask, SuiteError
 from evalkit.taskspec import generate_probes
 from evalkit.tokenization import tokenizer_hash
@@ -134,7 +134,7 @@ class _Session:
         max_len = adapter.max_length
         probes = self.probes_for(task, adapter.tokenizer)
         direct: list[tuple[tuple, SampleResult]] = []  # settled without running the model
-        items: list[Item] = []
+        items: list[Request] = []
         for pi, probe in enumerate(probes):
             if self.resolved.suite.log_samples:
                 self.probes.setdefault(probe.hash, probe.to_dict())
@@ -142,11 +142,11 @@ class _Session:
                 rendered = render(probe, adapter.tokenizer)
             except Exception as e:  # e.g. a chat template that cannot stream turns
                 empty = Rendered((), tuple(() for _ in probe.questions))
-                direct += [((mi, ti, pi, qi), failed(run, Item(probe, qi, empty), e))
+                direct += [((mi, ti, pi, qi), failed(run, Request(probe, qi, empty), e))
                            for qi in range(len(probe.questions))]
                 continue
             for qi in range(len(probe.questions)):
-                item = Item(probe, qi, rendered, (mi, ti, pi, qi))
+                item = Request(probe, qi, rendered, (mi, ti, pi, qi))
                 if max_len is not None and item.prompt_tokens > max_len:
                     s = base_sample(run, item)
                     s.flag = "over_length"  # never cut: a cut prompt measures something else
@@ -162,7 +162,7 @@ class _Session:
             self.samples.append((order, s.to_dict()))
 
         gen_key = _generation_key(run)
-        todo: list[Item] = []
+        todo: list[Request] = []
         for unit in dist.shard(full.units):
             for item in unit.items():
                 hit = self.cache.get(self.cache.key(run.model_hash, item.probe.hash, item.qi, gen_key))

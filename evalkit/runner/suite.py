@@ -95,7 +95,7 @@ class ModelEntry(BaseModel):
     published: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]*$")
 
     @property
-    def load_spec(self) -> str:
+    def spec_name(self) -> str:
         return self.spec or self.name
 
 
@@ -349,7 +349,7 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
         if m.name in names_seen:
             raise SuiteError(f"{source}: key 'models.{i}': model name {m.name!r} appears twice")
         names_seen.add(m.name)
-        spec = _expand(m.load_spec, source, f"models.{i}.spec")
+        spec = _expand(m.spec_name, source, f"models.{i}.spec")
         options = _expand(dict(m.options), source, f"models.{i}.options")
         _check_model(spec, source, i, m.name)
         models.append(ResolvedModel(m.name, spec, options, m.published))
