@@ -29,7 +29,7 @@ from evalkit.model_adapters.gla import xla
 from evalkit.model_adapters.gla.buckets import BucketedRunner, BucketSpec
 from evalkit.model_adapters.gla.checkpoint import load_checkpoint, weight_files
 from evalkit.model_adapters.gla.config import GLAConfig
-from evalkit.model_adapters.gla.device import resolve_device
+from evalkit.model_adapters.device import resolve_device
 from evalkit.model_adapters.gla.model import GLAState
 from evalkit.model_adapters.weights import weights_hash
 from evalkit.models import register_model
@@ -60,7 +60,7 @@ class GLAAdapter:
         self.dtype = parse_dtype(dtype)
         if self.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"{name or path}: dtype must be fp32 or bf16, got {dtype!r}")
-        dev = resolve_device(device, self.dtype)
+        dev = resolve_device(device, self.dtype, xla_ok=True)
         self.model, self.config = load_checkpoint(self.path, device=dev, dtype=self.dtype)
         self.model.set_ops(mode="chunk", chunk_size=chunk_size)
         self.model.prefill_segment = prefill_segment

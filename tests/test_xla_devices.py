@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from evalkit.model_adapters.gla.device import bf16_capable
+from evalkit.model_adapters.device import bf16_capable
 from evalkit.models import load_model
 
 

@@ -159,17 +159,11 @@ class EvalkitLM(TemplateLM):
 
     @staticmethod
     def _load(name: str, options: dict, hint_device: str | None) -> Any:
-        import torch
-
-        def usable(dev: str) -> str:
-            if dev.startswith("cuda") and not torch.cuda.is_available():
-                log.warning("device %r requested but CUDA is not available; using cpu "
-                            "(as lm-eval's hf model does)", dev)
-                return "cpu"
-            return dev
+        # lazy: it imports the GLA package, which only a model load needs
+        from evalkit.model_adapters.device import cpu_if_no_cuda
 
         if "device" in options:
-            options["device"] = usable(str(options["device"]))
+            options["device"] = cpu_if_no_cuda(options["device"])
             return load_model(name, **options)
         if hint_device is None:
             return load_model(name, **options)
@@ -178,7 +172,7 @@ class EvalkitLM(TemplateLM):
             log.info("evalkit model %r takes no device option; ignoring --device %s",
                      name, hint_device)
             return load_model(name, **options)
-        return load_model(name, device=usable(hint_device), **options)
+        return load_model(name, device=cpu_if_no_cuda(hint_device), **options)
 
     # -- lm-eval's tokenization hooks --------------------------------------------------------
     @property

@@ -18,7 +18,8 @@ from evalkit.model_adapters.cache_state import TensorState, cache_state, cache_t
 from evalkit.model_adapters.dtypes import parse_dtype
 from evalkit.model_adapters.hf_base import HFBase, eos_ids
 from evalkit.model_adapters.recurrent.formula import state_at
-from evalkit.model_adapters.softmax.adapter import load_causal_lm, torch_device
+from evalkit.model_adapters.device import resolve_device
+from evalkit.model_adapters.softmax.adapter import load_causal_lm
 from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
 from evalkit.model_adapters.softmax.kv_cache import KVState
 from evalkit.state_kind import StateBytes
@@ -44,7 +45,7 @@ class RecurrentAdapter(HFBase):
             raise ValueError(f"{path}: GGUF files are read for softmax models only; convert the "
                              f"recurrent model to a safetensors folder")
         self.dtype = parse_dtype(dtype)
-        self.device = torch_device(device)
+        self.device = resolve_device(device, self.dtype)
         self.trust_remote_code = bool(trust_remote_code)
         if int(prefill_chunk) < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")

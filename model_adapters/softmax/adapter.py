@@ -12,6 +12,7 @@ import torch
 
 from evalkit.adapter import greedy_generate, greedy_token
 from evalkit.model_adapters.cache_state import cache_state
+from evalkit.model_adapters.device import resolve_device
 from evalkit.model_adapters.dtypes import parse_dtype
 from evalkit.model_adapters.hf_base import HFBase, eos_ids
 from evalkit.model_adapters.softmax import kv_cache
@@ -20,26 +21,9 @@ from evalkit.model_adapters.softmax.kv_cache import KVProfile, KVState, kv_profi
 from evalkit.model_adapters.weights import (WeightFileError, check_floating, index_shards,
                                             safetensors_dtypes)
 from evalkit.model_adapters.state_match import matched_state_bytes
-from evalkit.models import ModelOptionError
 from evalkit.state_kind import StateBytes
 
 INDEX = "model.safetensors.index.json"
-
-
-def torch_device(device: str) -> torch.device:
-    """The torch device for the `device` option; a ModelOptionError for a name torch does not
-    know or a CUDA device this machine lacks (instead of a failure deep inside the load)."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ModelOptionError(f"device={device!r}: expected cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelOptionError(f"device={device!r} requested but CUDA is not available here "
-                               f"(use device=cpu)")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ModelOptionError(f"device={device!r}: this machine has "
-                               f"{torch.cuda.device_count()} CUDA device(s)")
-    return dev
 
 
 def _check_folder_weights(folder: Path) -> list[Path]:
@@ -105,7 +89,7 @@ class SoftmaxAdapter(HFBase):
         self.path = str(Path(path).expanduser())
         folder, gguf = split_path(path)
         self.dtype = parse_dtype(dtype)
-        self.device = torch_device(device)
+        self.device = resolve_device(device, self.dtype)
         self.trust_remote_code = bool(trust_remote_code)
         if int(prefill_chunk) < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
