@@ -64,7 +64,7 @@ def through_evalkit(no_network, converted, tmp_path_factory):
     out = tmp_path_factory.mktemp("lm_eval_parity")
     res = run_lm_eval_tasks(["smollm2-135m"], ["niah_single_1"], output_dir=out, limit=N,
                             max_seq_lengths=META["max_seq_lengths"],
-                            model_options={"dtype": "fp32", "device": "cpu"},
+                            model_options={"smollm2-135m": {"dtype": "fp32", "device": "cpu"}},
                             include_path=ruler_dir(), include_defaults=False, seed=SEED)
     res = res["smollm2-135m"]
     path = Path(res["evalkit_files"]["samples"]["niah_single_1"])

@@ -160,7 +160,7 @@ def test_run_lm_eval_tasks_writes_results_and_samples(exported, tmp_path):
     out = tmp_path / "lm_eval"
     res = run_lm_eval_tasks(["oracle"], ["evalkit_needle_choice_256"], output_dir=out,
                             include_path=exported, include_defaults=False, limit=1,
-                            model_options={"oracle": {"order": 8}}, batch_size=1)
+                            model_options={"oracle": {"order": 8}})
     files = res["oracle"]["evalkit_files"]
     saved = json.loads((out / "oracle" / "results.json").read_text())
     assert saved["results"]["evalkit_needle_choice_256"]["forced_choice,none"] == 1.0
@@ -169,6 +169,10 @@ def test_run_lm_eval_tasks_writes_results_and_samples(exported, tmp_path):
     with pytest.raises(ValueError, match="unknown lm-eval task"):
         run_lm_eval_tasks(["oracle"], ["no_such_task"], output_dir=out, include_path=exported,
                           include_defaults=False)
+    # one shape of options: a flat dict of options is refused, naming what it is not
+    with pytest.raises(ValueError, match=r"maps each model to its options.*\['order'\] are not"):
+        run_lm_eval_tasks(["oracle"], ["evalkit_needle_choice_256"], output_dir=out,
+                          include_path=exported, include_defaults=False, model_options={"order": 8})
 
 
 def test_export_stopped_midway_still_owns_what_it_wrote(tmp_path, monkeypatch):

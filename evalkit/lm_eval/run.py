@@ -44,17 +44,16 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: Sequence[str], *, output_dir
                       log_samples: bool = True,
                       seed: int | None = 0, num_fewshot: int | None = None,
                       gen_kwargs: dict | None = None, apply_chat_template: bool = False,
-                      batch_size: int | None = None, bootstrap_iters: int = 0) -> dict:
+                      bootstrap_iters: int = 0) -> dict:
     """Run lm-eval `tasks` on each evalkit model.
 
-    model_options: evalkit model and bridge options (dtype, device, max_gen_toks, ...), either
-    one dict for every model or {model: {options}} per model (as the runner passes them).
+    model_options: {model: {options}}, each model's evalkit model and bridge options (dtype,
+    device, max_gen_toks, ...); a model it does not name gets its defaults.
     metadata: task metadata; max_seq_lengths=[1024] is a shorthand for RULER's lengths.
     include_path: extra task folders (e.g. from `evalkit lm-eval-export`); include_defaults=False
     indexes only those (lm-eval's full index takes ~10 s to build).
     seed: one seed for python/numpy/torch/few-shot (None: lm-eval's defaults).
     bootstrap_iters=0 skips lm-eval's stderr bootstrap (slow, and not needed for parity).
-    batch_size is accepted for the runner and ignored (one state at a time).
     Returns {model: lm-eval's results without samples, plus "evalkit_files": the files written}.
     """
     from lm_eval import simple_evaluate
@@ -71,10 +70,14 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: Sequence[str], *, output_dir
     seeds = {} if seed is None else {"random_seed": seed, "numpy_random_seed": seed,
                                      "torch_random_seed": seed, "fewshot_random_seed": seed}
     opts = dict(model_options or {})
-    per_model = bool(opts) and all(k in models and isinstance(v, dict) for k, v in opts.items())
+    stray = [k for k in opts if k not in models]
+    if stray or not all(isinstance(v, dict) for v in opts.values()):
+        raise ValueError(f"run_lm_eval_tasks: model_options maps each model to its options "
+                         f"({{model: {{option: value}}}}); {stray or list(opts)} are not "
+                         f"models of this call ({list(models)})")
     all_results: dict[str, Any] = {}
     for name in models:
-        lm = EvalkitLM(name=name, **(opts.get(name, {}) if per_model else opts))
+        lm = EvalkitLM(name=name, **opts.get(name, {}))
         meta = dict(metadata or {})
         if max_seq_lengths:
             meta["max_seq_lengths"] = [int(x) for x in max_seq_lengths]
