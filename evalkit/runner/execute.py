@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 from evalkit.adapter import prefill_batch
 from evalkit.render import ANSWER_STOP, continuation_ids
 from evalkit.result import SampleResult
-from evalkit.runner.plan import Request, Node, Plan, Unit, chain, length_buckets
+from evalkit.runner.plan import Node, Plan, Request, Unit, chain, length_buckets
 from evalkit.scoring import score_sample
 
 
