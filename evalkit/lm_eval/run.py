@@ -37,6 +37,16 @@ def tokenizer_folder(tokenizer: Any) -> str | None:
     return None
 
 
+def unknown_tasks(names: Sequence[str], include_path: str | Path | None = None,
+                  include_defaults: bool = True) -> list[str]:
+    """The names lm-eval's task index does not know (the check before anything is evaluated)."""
+    from lm_eval.tasks import TaskManager
+
+    tm = TaskManager(include_path=str(include_path) if include_path else None,
+                     include_defaults=include_defaults)
+    return [t for t in names if not tm.match_tasks([t])]
+
+
 def run_lm_eval_tasks(models: Sequence[str], tasks: Sequence[str], *, output_dir: str | Path,
                       limit: int | float | None = None, model_options: dict | None = None,
                       metadata: dict | None = None, max_seq_lengths: Sequence[int] | None = None,

@@ -206,18 +206,6 @@ def check_distinct_models(resolved: ResolvedSuite) -> None:
                              f"same model (spec {m.spec!r} with the same options); list it once")
 
 
-def check_lm_eval_tasks(names) -> None:
-    """Unknown lm-eval task names are bad input: refuse them before anything is evaluated."""
-    try:
-        from lm_eval.tasks import TaskManager
-    except ModuleNotFoundError:
-        raise SuiteError("--lm-eval-tasks needs lm-eval installed (pip install lm-eval)") from None
-    tm = TaskManager()
-    unknown = [t for t in names if not tm.match_tasks([t])]
-    if unknown:
-        raise SuiteError(f"--lm-eval-tasks: unknown lm-eval task(s) {', '.join(unknown)}")
-
-
 @contextmanager
 def _torch_threads(n: int | None) -> Iterator[None]:
     """torch's CPU thread count set to `n` for the evaluation, restored after (a library call
@@ -276,7 +264,11 @@ def run_suite(resolved: ResolvedSuite, *, output: str | Path | None = None, resu
 
     check_distinct_models(resolved)
     if suite.lm_eval_tasks and dist.is_main:
-        check_lm_eval_tasks(suite.lm_eval_tasks)
+        from evalkit.lm_eval.run import unknown_tasks  # lazy: lm-eval is heavy to import
+
+        unknown = unknown_tasks(suite.lm_eval_tasks)
+        if unknown:
+            raise SuiteError(f"--lm-eval-tasks: unknown lm-eval task(s) {', '.join(unknown)}")
 
     # Rank 0 creates (or checks) and locks the run directory and cache; every rank learns the
     # outcome, so a refusal ends all ranks instead of leaving them waiting in a collective.
