@@ -14,12 +14,12 @@ def _kb(n: int) -> str:
 
 def _sweep(log: dict) -> str:
     if not log["sweep"]:
-        return f"No sweep: the recipe gives this member one rate ({log['lr']:g}).\n"
+        return f"No sweep: the recipe gives this member one rate ({log['lr']:g})."
     rows = "\n".join(f"| {s['lr']:g} | {s['steps']:,} | {s['heldout_accuracy']:.3f} | "
                      f"{s['heldout_loss']:.3f} | {s['seconds'] / 60:.1f} |" for s in log["sweep"])
     return (f"Sweep ({log['sweep'][0]['planned_steps']:,}-step runs, scored on held-out examples;"
             " ties to the lower loss):\n\n| lr | steps | held-out accuracy | held-out loss |"
-            f" minutes |\n| ---: | ---: | ---: | ---: | ---: |\n{rows}\n")
+            f" minutes |\n| ---: | ---: | ---: | ---: | ---: |\n{rows}")
 
 
 def member_card(fam: MQARFamily, m: Member, log: dict) -> str:
