@@ -24,10 +24,10 @@ from evalkit.probe import Probe, canonical_json
 from evalkit.render import Rendered, render
 from evalkit.result import SampleResult
 from evalkit.runner import aggregate, distributed, provenance, rundir
-from evalkit.runner.cache import CacheError, CacheMismatch, SampleCache
+from evalkit.runner.cache import CacheError, SampleCache
 from evalkit.runner.execute import ModelRun, base_sample, execute, failed
 from evalkit.runner.plan import Request, build_plan
-from evalkit.runner.suite import ResolvedModel, ResolvedSuite, ResolvedTask, SuiteError
+from evalkit.runner.suite import ResolvedModel, ResolvedSuite, ResolvedTask, SuiteConfig, SuiteError
 from evalkit.taskspec import generate_probes
 from evalkit.tokenization import tokenizer_hash
 
@@ -270,40 +270,15 @@ def run_suite(resolved: ResolvedSuite, *, output: str | Path | None = None, resu
         if unknown:
             raise SuiteError(f"--lm-eval-tasks: unknown lm-eval task(s) {', '.join(unknown)}")
 
-    # Rank 0 creates (or checks) and locks the run directory and cache; every rank learns the
-    # outcome, so a refusal ends all ranks instead of leaving them waiting in a collective.
-    msg: Any = None
-    prep: rundir.Prepared | None = None
-    if dist.is_main:
-        made = None
-        try:
-            if output:
-                path = Path(output)
-            else:
-                path = made = rundir.new_run_dir(Path(runs_root), resolved.config_hash)
-            prep = rundir.prepare(path, resolved.document(), resume=resume, created=made is not None)
-            SampleCache(Path(suite.cache_dir) if suite.cache_dir else path / rundir.CACHE)
-            msg = (str(path), prep.earlier, prep.done, None)
-        except (rundir.RunDirError, CacheError) as e:
-            if prep is not None:
-                rundir.discard(prep) if prep.earlier is None else rundir.release(prep)
-            elif made is not None:
-                made.rmdir()
-            msg = (None, None, None, f"{type(e).__name__}:{e}")
-    path_s, earlier, done, err = dist.broadcast(msg)
-    if err:
-        kind, _, text = err.partition(":")
-        raise {"CacheMismatch": CacheMismatch, "CacheError": CacheError}.get(
-            kind, rundir.RunDirError)(text)
-    sessions: list[_Session] = []
+    path, earlier, done, prep = _open_folder(resolved, output, runs_root, resume, dist)
+    session = _Session(resolved, path, _cache(suite, path), dist, progress)
     try:
-        outcome = _run(resolved, Path(path_s), earlier, done, dist, progress, argv, t0, started,
-                       sessions)
+        outcome = _run(session, earlier, done, argv, t0, started)
     except BaseException:
         # A new run that evaluated nothing is removed (bad option, missing checkpoint,
         # impossible grid): fixing the input and re-running with the same --output works.
         # One that evaluated something stays, resumable.
-        if prep is not None and prep.earlier is None and not any(x.computed for x in sessions):
+        if prep is not None and prep.earlier is None and not session.computed:
             rundir.discard(prep)
             prep = None
         raise
@@ -313,11 +288,46 @@ def run_suite(resolved: ResolvedSuite, *, output: str | Path | None = None, resu
     return outcome
 
 
-def _run(resolved: ResolvedSuite, path: Path, earlier: dict | None, done: bool,
-         dist: distributed.Dist, progress: bool, argv: list[str] | None, t0: float,
-         started: str, sessions: list[_Session]) -> RunOutcome:
+def _cache(suite: SuiteConfig, path: Path) -> SampleCache:
+    return SampleCache(Path(suite.cache_dir) if suite.cache_dir else path / rundir.CACHE)
+
+
+def _open_folder(resolved: ResolvedSuite, output: str | Path | None, runs_root: str | Path,
+                 resume: bool, dist: distributed.Dist
+                 ) -> tuple[Path, dict | None, bool, rundir.Prepared | None]:
+    """Rank 0 creates (or checks) and locks the run directory and its cache; every rank learns
+    the outcome, a refusal as the same exception, so it ends all ranks instead of leaving them
+    waiting in a collective. Returns (path, the earlier run's start record, done, rank 0's
+    lock or None)."""
+    got: Any = None
+    prep: rundir.Prepared | None = None
+    if dist.is_main:
+        made = None
+        try:
+            if output:
+                path = Path(output)
+            else:
+                path = made = rundir.new_run_dir(Path(runs_root), resolved.config_hash)
+            prep = rundir.prepare(path, resolved.document(), resume=resume, created=made is not None)
+            _cache(resolved.suite, path)  # a cache that cannot be used is refused here
+            got = (str(path), prep.earlier, prep.done)
+        except (rundir.RunDirError, CacheError) as e:
+            if prep is not None:
+                rundir.discard(prep) if prep.earlier is None else rundir.release(prep)
+            elif made is not None:
+                made.rmdir()
+            got = e
+    got = dist.broadcast(got)
+    if isinstance(got, BaseException):
+        raise got
+    path_s, earlier, done = got
+    return Path(path_s), earlier, done, prep
+
+
+def _run(session: _Session, earlier: dict | None, done: bool, argv: list[str] | None,
+         t0: float, started: str) -> RunOutcome:
+    resolved, path, cache, dist = session.resolved, session.path, session.cache, session.dist
     suite = resolved.suite
-    cache = SampleCache(Path(suite.cache_dir) if suite.cache_dir else path / rundir.CACHE)
     first_start = (earlier or {}).get("started") or started
     resumed = list((earlier or {}).get("resumed", [])) + ([started] if earlier is not None else [])
     tasks = _task_info(resolved)
@@ -326,8 +336,6 @@ def _run(resolved: ResolvedSuite, path: Path, earlier: dict | None, done: bool,
             config_hash=resolved.config_hash, seed=suite.seed, models={}, tasks=tasks,
             started=first_start, resumed=resumed))
 
-    session = _Session(resolved, path, cache, dist, progress)
-    sessions.append(session)  # the caller learns what was computed if this raises
     outcome = RunOutcome(path, rank=dist.rank)
     try:
         with _torch_threads(suite.threads):
