@@ -243,10 +243,17 @@ def test_board_cells_are_results_json_cells(e2e):
         row = rows.loc[(r["model"], r["load"])]
         assert (row[m], row[f"{m}_stderr"]) == (r["metrics"][m]["mean"], r["metrics"][m]["stderr"])
         assert (row["recall"], row["recall_stderr"]) == (row[m], row[f"{m}_stderr"])
-    f = next(r for r in res["rows"] if (r["model"], r["load"]) == ("forgetful", 64))["metrics"][m]
-    per_question = [s["scores"][m] for s in map(json.loads, (e2e / "samples.jsonl").read_text()
-                    .splitlines()) if s["model"] == "forgetful" and s["load"] == 64]
-    assert f["n"] == len(per_question) and f["stderr"] != mean_stderr(per_question)[1]
+    # a cell whose probes differ: the board's stderr is over probe means, not questions
+    from evalkit.leaderboard.tables import aggregate
+
+    s = board.samples[(board.samples["model"] == "forgetful") & (board.samples["load"] == 64)]
+    s = s.assign(**{f"score.{m}": [float(i < 3 or h == s["probe_hash"].iat[-1])
+                                   for i, h in enumerate(s["probe_hash"])]})
+    probes = scoring.probe_means(list(zip(s["probe_hash"], s[f"score.{m}"])))
+    assert len(probes) == 2 and probes[0] < probes[1] == 1.0
+    row = aggregate(s, ["model"], [m]).iloc[0]
+    assert (row[m], row[f"{m}_stderr"]) == mean_stderr(probes)
+    assert row[f"{m}_stderr"] != mean_stderr(s[f"score.{m}"].tolist())[1]
 
 
 # -- the board: accuracy vs state bytes next to the published points ---------------------------
