@@ -66,9 +66,6 @@ def metric(name: str, *, kind: str, higher_is_better: bool = True,
            per_probe: bool = False) -> Callable:
     """Register the decorated function as metric `name` (see the module doc)."""
     def register(fn: Callable[..., float]) -> Callable[..., float]:
-        origin = f"{fn.__module__}.{fn.__qualname__}"
-        if name in METRICS:  # the registry's collision error, before any other check
-            METRICS.add(name, None, origin)
         if kind not in KINDS:
             raise ValueError(f"metric {name!r}: kind {kind!r}, expected one of {KINDS}")
         if ">>>" not in (fn.__doc__ or ""):
@@ -78,7 +75,8 @@ def metric(name: str, *, kind: str, higher_is_better: bool = True,
             raise ValueError(f"metric {name!r}: a recall metric must be higher-is-better")
         scored = _refusing_empty_gold(name, fn) if kind == GENERATION else fn
         METRICS.add(name, Metric(name, kind, higher_is_better, scored, recall_rank,
-                                 tuple(question_kinds), per_probe), origin)
+                                 tuple(question_kinds), per_probe),
+                    f"{fn.__module__}.{fn.__qualname__}")  # a second one is refused here
         return scored
     return register
 

@@ -98,10 +98,6 @@ class TaskSpec:
         return hashlib.sha256(canonical_json(d).encode()).hexdigest()
 
 
-def _pydantic_error(path: Path, prefix: str, e: ValidationError) -> SpecError:
-    return SpecError(validation_message(path, e, prefix))
-
-
 def _module_file(mod_name: str, include: Sequence[Path]) -> Path | None:
     """The file `mod_name` names inside the include path (None: not a user module there)."""
     for folder in include:
@@ -158,13 +154,13 @@ def load_spec(path: str | Path) -> TaskSpec:
     try:
         m = TaskSpecModel.model_validate(raw)
     except ValidationError as e:
-        raise _pydantic_error(path, "", e) from None
+        raise SpecError(validation_message(path, e)) from None
     include = [(path.parent / p).resolve() for p in m.include_path] or [path.parent.resolve()]
     fn, params_cls = _import_generator(m.generator, path, include)
     try:
         params = params_cls.model_validate(m.params)
     except ValidationError as e:
-        raise _pydantic_error(path, "params", e) from None
+        raise SpecError(validation_message(path, e, "params")) from None
     return TaskSpec(m.task, m.version, m.description, path.resolve(), m.generator, params,
                     m.defaults, fn)
 

@@ -7,7 +7,7 @@ carries the member's recipe hash) is skipped, so the family can be trained in pa
 committed member by member; an interrupted run loses only the members it had not finished.
 Runs are processes, `jobs` at once with `threads` each (two 1-thread runs on 2 cores beat one
 2-thread run: a 64-wide model's matmuls scale poorly across threads). A member's final run
-starts as soon as its own sweep is done; a member given one rate (`lrs: [x]`) skips the sweep.
+starts as soon as its own sweep is done; a member with one rate (its own `lrs: [x]`, or a one-rate sweep) skips the sweep.
 """
 from __future__ import annotations
 
@@ -101,19 +101,19 @@ def train_mqar_family(fam: MQARFamily, out: Path, only: Sequence[str] = (),
     t0 = time.time()
     pool = (ProcessPoolExecutor(fam.jobs, mp_context=get_context("spawn")) if fam.jobs > 1
             else _Inline())
-    def final(m: Member, lr: float) -> Future:
-        return ex.submit(_job, {**base, "member": m.name, "lr": lr, "steps": m.steps or fam.steps,
-                                "final": True, "minutes": m.minutes,
-                                "save": str(fresh_tmp(out, m.name))})
-
     with pool as ex:
-        # A member with one rate has nothing to choose: its final run starts at once, queued
+        def final(m: Member, lr: float) -> Future:
+            return ex.submit(_job, {**base, "member": m.name, "lr": lr,
+                                    "steps": m.steps or fam.steps, "final": True,
+                                    "minutes": m.minutes, "save": str(fresh_tmp(out, m.name))})
+
+        # A member given one rate has nothing to choose: its final run starts at once, queued
         # first since those are the longest (d 256).
-        pending = {final(m, m.lrs[0]) for m in todo if m.lrs and len(m.lrs) == 1}
+        rates = {m.name: m.lrs or fam.sweep.lrs for m in todo}
+        pending = {final(m, rates[m.name][0]) for m in todo if len(rates[m.name]) == 1}
         pending |= {ex.submit(_job, {**base, "member": m.name, "lr": lr,
                                      "steps": fam.sweep.steps, "final": False})
-                    for m in todo if not (m.lrs and len(m.lrs) == 1)
-                    for lr in (m.lrs or fam.sweep.lrs)}
+                    for m in todo if len(rates[m.name]) > 1 for lr in rates[m.name]}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in done:
@@ -129,7 +129,7 @@ def train_mqar_family(fam: MQARFamily, out: Path, only: Sequence[str] = (),
                 sweeps[m.name].append(r)
                 log(f"sweep {m.name} lr {r['lr']:g}: held-out {r['heldout_accuracy']:.3f} loss "
                     f"{r['heldout_loss']:.3f} ({r['steps']} steps, {r['seconds'] / 60:.1f} min)")
-                if len(sweeps[m.name]) == len(m.lrs or fam.sweep.lrs):
+                if len(sweeps[m.name]) == len(rates[m.name]):
                     pending.add(final(m, best_rate(sweeps[m.name])["lr"]))
     log(f"trained {len(todo)} member(s) in {(time.time() - t0) / 60:.1f} min")
     return status
