@@ -59,13 +59,14 @@ def converted():
 
 @pytest.fixture(scope="module")
 def through_evalkit(no_network, converted, tmp_path_factory):
-    from evalkit.lm_eval.run import run_lm_eval_tasks
+    from evalkit.lm_eval.run import LmEvalTasks, run_lm_eval_tasks
 
     out = tmp_path_factory.mktemp("lm_eval_parity")
-    res = run_lm_eval_tasks(["smollm2-135m"], ["niah_single_1"], output_dir=out, limit=N,
+    tasks = LmEvalTasks(["niah_single_1"], include_path=ruler_dir(), include_defaults=False)
+    res = run_lm_eval_tasks(["smollm2-135m"], tasks, output_dir=out, limit=N,
                             max_seq_lengths=META["max_seq_lengths"],
                             model_options={"smollm2-135m": {"dtype": "fp32", "device": "cpu"}},
-                            include_path=ruler_dir(), include_defaults=False, seed=SEED)
+                            seed=SEED)
     res = res["smollm2-135m"]
     path = Path(res["evalkit_files"]["samples"]["niah_single_1"])
     samples = [json.loads(x) for x in path.read_text().splitlines()]

@@ -154,25 +154,30 @@ def test_plain_lm_eval_command_knows_the_evalkit_model(exported, tmp_path):
 
 
 def test_run_lm_eval_tasks_writes_results_and_samples(exported, tmp_path):
-    """What `evalkit run --lm-eval-tasks` calls: options per model, as the runner passes them."""
-    from evalkit.lm_eval.run import run_lm_eval_tasks
+    """What `evalkit run --lm-eval-tasks` calls: options per model, as the runner passes them,
+    and the task index it checked the names against."""
+    from evalkit.lm_eval.run import LmEvalTasks, run_lm_eval_tasks
 
     out = tmp_path / "lm_eval"
-    res = run_lm_eval_tasks(["oracle"], ["evalkit_needle_choice_256"], output_dir=out,
-                            include_path=exported, include_defaults=False, limit=1,
+    tasks = LmEvalTasks(["evalkit_needle_choice_256"], include_path=exported,
+                        include_defaults=False)
+    res = run_lm_eval_tasks(["oracle", "forgetful"], tasks, output_dir=out, limit=1,
                             model_options={"oracle": {"order": 8}})
     files = res["oracle"]["evalkit_files"]
     saved = json.loads((out / "oracle" / "results.json").read_text())
     assert saved["results"]["evalkit_needle_choice_256"]["forced_choice,none"] == 1.0
     rows = (out / "oracle" / "samples_evalkit_needle_choice_256.jsonl").read_text().splitlines()
     assert len(rows) == 1 and files["samples"]["evalkit_needle_choice_256"].endswith(".jsonl")
-    with pytest.raises(ValueError, match="unknown lm-eval task"):
-        run_lm_eval_tasks(["oracle"], ["no_such_task"], output_dir=out, include_path=exported,
-                          include_defaults=False)
+    # the one index served both models, each with its own task metadata (its tokenizer)
+    assert set(res) == {"oracle", "forgetful"}
+    assert "forced_choice,none" in res["forgetful"]["results"]["evalkit_needle_choice_256"]
+    assert (out / "forgetful" / "results.json").is_file()
+    with pytest.raises(ValueError, match="unknown lm-eval task.*no_such_task"):
+        LmEvalTasks(["evalkit_needle_choice_256", "no_such_task"], include_path=exported,
+                    include_defaults=False)
     # one shape of options: a flat dict of options is refused, naming what it is not
     with pytest.raises(ValueError, match=r"maps each model to its options.*\['order'\] are not"):
-        run_lm_eval_tasks(["oracle"], ["evalkit_needle_choice_256"], output_dir=out,
-                          include_path=exported, include_defaults=False, model_options={"order": 8})
+        run_lm_eval_tasks(["oracle"], tasks, output_dir=out, model_options={"order": 8})
 
 
 def test_export_stopped_midway_still_owns_what_it_wrote(tmp_path, monkeypatch):

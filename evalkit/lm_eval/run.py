@@ -21,6 +21,7 @@ and those tasks also download Paul Graham's essays from the hub, so they cannot 
 """
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,45 +38,62 @@ def tokenizer_folder(tokenizer: Any) -> str | None:
     return None
 
 
-def unknown_tasks(names: Sequence[str], include_path: str | Path | None = None,
-                  include_defaults: bool = True) -> list[str]:
-    """The names lm-eval's task index does not know (the check before anything is evaluated)."""
-    from lm_eval.tasks import TaskManager
+class LmEvalTasks:
+    """lm-eval tasks by name, checked against lm-eval's task index when made.
 
-    tm = TaskManager(include_path=str(include_path) if include_path else None,
-                     include_defaults=include_defaults)
-    return [t for t in names if not tm.match_tasks([t])]
+    The index is built once (the full one takes ~10 s): the check before anything is evaluated
+    and every model's evaluation read the same one. Unknown names raise ValueError, naming them.
+    """
+
+    def __init__(self, names: Sequence[str], include_path: str | Path | None = None,
+                 include_defaults: bool = True) -> None:
+        from lm_eval.tasks import TaskManager
+
+        if not names:
+            raise ValueError("name at least one lm-eval task")
+        self.names = list(names)
+        self._index = TaskManager(include_path=str(include_path) if include_path else None,
+                                  include_defaults=include_defaults)
+        unknown = [t for t in self.names if not self._index.match_tasks([t])]
+        if unknown:
+            raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)}"
+                             + ("" if include_path else " (evalkit's tasks need include_path: "
+                                "see `evalkit lm-eval-export`)"))
+
+    def manager(self, metadata: dict) -> Any:
+        """The index as a TaskManager that gives its tasks one model's `metadata`. lm-eval keeps
+        metadata in the manager's task factory, not in the index, so only the factory is new."""
+        from lm_eval.tasks._factory import TaskFactory
+
+        tm = copy.copy(self._index)
+        tm.metadata, tm._factory = metadata, TaskFactory(meta=metadata)
+        return tm
 
 
-def run_lm_eval_tasks(models: Sequence[str], tasks: Sequence[str], *, output_dir: str | Path,
+def run_lm_eval_tasks(models: Sequence[str], tasks: LmEvalTasks, *, output_dir: str | Path,
                       limit: int | float | None = None, model_options: dict | None = None,
                       metadata: dict | None = None, max_seq_lengths: Sequence[int] | None = None,
-                      include_path: str | Path | None = None, include_defaults: bool = True,
                       log_samples: bool = True,
                       seed: int | None = 0, num_fewshot: int | None = None,
                       gen_kwargs: dict | None = None, apply_chat_template: bool = False,
                       bootstrap_iters: int = 0) -> dict:
-    """Run lm-eval `tasks` on each evalkit model.
+    """Run lm-eval `tasks` (checked when made, e.g. `LmEvalTasks(["niah_single_1"])`) on each
+    evalkit model.
 
     model_options: {model: {options}}, each model's evalkit model and bridge options (dtype,
     device, max_gen_toks, ...); a model it does not name gets its defaults.
     metadata: task metadata; max_seq_lengths=[1024] is a shorthand for RULER's lengths.
-    include_path: extra task folders (e.g. from `evalkit lm-eval-export`); include_defaults=False
-    indexes only those (lm-eval's full index takes ~10 s to build).
     seed: one seed for python/numpy/torch/few-shot (None: lm-eval's defaults).
     bootstrap_iters=0 skips lm-eval's stderr bootstrap (slow, and not needed for parity).
     Returns {model: lm-eval's results without samples, plus "evalkit_files": the files written}.
     """
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable
 
     from evalkit.lm_eval.bridge import EvalkitLM
 
     if not models:
         raise ValueError("run_lm_eval_tasks: name at least one evalkit model")
-    if not tasks:
-        raise ValueError("run_lm_eval_tasks: name at least one lm-eval task")
     out = Path(output_dir)
     seeds = {} if seed is None else {"random_seed": seed, "numpy_random_seed": seed,
                                      "torch_random_seed": seed, "fewshot_random_seed": seed}
@@ -95,14 +113,8 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: Sequence[str], *, output_dir
             folder = tokenizer_folder(lm.tokenizer)
             if folder:
                 meta["tokenizer"] = folder
-        tm = TaskManager(include_path=str(include_path) if include_path else None,
-                         include_defaults=include_defaults, metadata=meta)
-        unknown = [t for t in tasks if not tm.match_tasks([t])]
-        if unknown:
-            raise ValueError(f"unknown lm-eval task(s) {unknown}"
-                             + ("" if include_path else " (evalkit tasks need include_path: "
-                                "see `evalkit lm-eval-export`)"))
-        res = simple_evaluate(model=lm, tasks=list(tasks), task_manager=tm, limit=limit,
+        res = simple_evaluate(model=lm, tasks=tasks.names, task_manager=tasks.manager(meta),
+                              limit=limit,
                               log_samples=log_samples, num_fewshot=num_fewshot,
                               gen_kwargs=gen_kwargs, apply_chat_template=apply_chat_template,
                               bootstrap_iters=bootstrap_iters, metadata=meta, **seeds)

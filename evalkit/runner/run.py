@@ -56,8 +56,9 @@ class _Session:
     """State of one invocation on one rank."""
 
     def __init__(self, resolved: ResolvedSuite, path: Path, cache: SampleCache,
-                 dist: distributed.Dist, progress: bool) -> None:
+                 dist: distributed.Dist, progress: bool, lm_eval_tasks: Any = None) -> None:
         self.resolved, self.path, self.cache, self.dist = resolved, path, cache, dist
+        self.lm_eval_tasks = lm_eval_tasks                # LmEvalTasks on rank 0 when asked for
         self.progress = progress and dist.is_main
         self.samples: list[tuple[tuple, dict]] = []   # (sort key, SampleResult dict)
         self.models: dict[str, dict] = {}
@@ -241,12 +242,12 @@ def _task_info(resolved: ResolvedSuite) -> dict[str, dict]:
             for t in resolved.tasks}
 
 
-def _run_lm_eval(resolved: ResolvedSuite, path: Path) -> dict:
+def _run_lm_eval(resolved: ResolvedSuite, tasks: Any, path: Path) -> dict:
     from evalkit.lm_eval.run import run_lm_eval_tasks
 
     suite = resolved.suite
     return provenance.jsonable(run_lm_eval_tasks(
-        [m.spec for m in resolved.models], list(suite.lm_eval_tasks),
+        [m.spec for m in resolved.models], tasks,
         output_dir=path / "lm_eval", limit=suite.limit, seed=suite.seed, log_samples=suite.log_samples,
         model_options={m.spec: m.options for m in resolved.models},
         # RULER-style tasks size their data from these: the suite's lengths.
@@ -263,15 +264,17 @@ def run_suite(resolved: ResolvedSuite, *, output: str | Path | None = None, resu
     suite = resolved.suite
 
     check_distinct_models(resolved)
+    lm_eval_tasks = None
     if suite.lm_eval_tasks and dist.is_main:
-        from evalkit.lm_eval.run import unknown_tasks  # lazy: lm-eval is heavy to import
+        from evalkit.lm_eval.run import LmEvalTasks  # lazy: lm-eval is heavy to import
 
-        unknown = unknown_tasks(suite.lm_eval_tasks)
-        if unknown:
-            raise SuiteError(f"--lm-eval-tasks: unknown lm-eval task(s) {', '.join(unknown)}")
+        try:  # checked before any work; the same index serves the evaluation at the end
+            lm_eval_tasks = LmEvalTasks(suite.lm_eval_tasks)
+        except ValueError as e:
+            raise SuiteError(f"--lm-eval-tasks: {e}") from e
 
     path, earlier, done, prep = _open_folder(resolved, output, runs_root, resume, dist)
-    session = _Session(resolved, path, _cache(suite, path), dist, progress)
+    session = _Session(resolved, path, _cache(suite, path), dist, progress, lm_eval_tasks)
     try:
         outcome = _run(session, earlier, done, argv, t0, started)
     except BaseException:
@@ -378,8 +381,8 @@ def _run(session: _Session, earlier: dict | None, done: bool, argv: list[str] | 
         run_id=path.name, version=__version__, created=finished,
         config_hash=resolved.config_hash, provenance=prov, models=session.models, tasks=tasks,
         samples=samples, prefill=prefill, suite=suite.name)
-    if suite.lm_eval_tasks:
-        results["lm_eval"] = _run_lm_eval(resolved, path)
+    if session.lm_eval_tasks is not None:
+        results["lm_eval"] = _run_lm_eval(resolved, session.lm_eval_tasks, path)
     totals = {k: sum(p[k] for p in gathered) for k in ("cached", "computed", "tokens_run")}
     cache_stats = {k: sum(p["cache"][k] for p in gathered) for k in ("hits", "misses", "stale")}
     per_rank = [{"computed": p["computed"], "cached": p["cached"]} for p in gathered]
