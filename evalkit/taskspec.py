@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evalkit.probe import MAX_LENGTH, Probe, canonical_json
+from evalkit.grid import Grid, errors_text
+from evalkit.probe import Probe, canonical_json
 from evalkit.registry import Registry
 from evalkit.user_modules import load_user_file
 from evalkit.yamlfile import read_yaml, validation_message
@@ -47,26 +48,12 @@ class SpecError(ValueError):
     """A task spec is invalid; the message names the file and the key."""
 
 
-class Defaults(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Defaults(Grid):
+    """A task file's `defaults`: the bottom layer of the grid, so every size is set."""
     lengths: tuple[int, ...] = (1024,)
     depths: tuple[float, ...] = (0.5,)
     loads: tuple[int, ...] = (1,)
-    samples: int = Field(default=1, ge=1)
-
-    @field_validator("lengths", "loads")
-    @classmethod
-    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if not v or any(x <= 0 for x in v):
-            raise ValueError("must be a non-empty list of positive integers")
-        return v
-
-    @field_validator("depths")
-    @classmethod
-    def _unit(cls, v: tuple[float, ...]) -> tuple[float, ...]:
-        if not v or any(not 0.0 <= x <= 1.0 for x in v):
-            raise ValueError("must be a non-empty list of numbers in [0, 1]")
-        return v
+    samples: int = 1
 
 
 class TaskSpecModel(BaseModel):
@@ -197,44 +184,22 @@ class GridPoint:
     seed: int
 
 
-# Every grid size a user can set is bounded (lengths by evalkit.probe.MAX_LENGTH): beyond
-# these a typo, not an experiment.
-MAX_LOAD = 1 << 16         # facts per probe
-MAX_SAMPLES = 100_000      # probes per grid cell
-MAX_POINTS = 1_000_000     # probes per task
-
-
 def grid(spec: TaskSpec, *, lengths: Sequence[int] | None = None,
          depths: Sequence[float] | None = None, loads: Sequence[int] | None = None,
          samples: int | None = None, seed: int = 0) -> list[GridPoint]:
-    """The task's grid points (None: the spec's default); an empty list or a size out of
-    bounds is an error naming the field, never replaced by the default."""
-    d = spec.defaults
-    lengths = tuple(d.lengths if lengths is None else lengths)
-    depths = tuple(d.depths if depths is None else depths)
-    loads = tuple(d.loads if loads is None else loads)
-    samples = d.samples if samples is None else samples
-    for name, values in (("lengths", lengths), ("depths", depths), ("loads", loads)):
-        if not values:
-            raise SpecError(f"{name}: empty; expected at least one value")
-    for x in depths:
-        if not 0.0 <= x <= 1.0:  # NaN fails too
-            raise SpecError(f"depth={x} outside [0, 1]")
-    for x in lengths:
-        if not 0 < x <= MAX_LENGTH:
-            raise SpecError(f"length={x} must be a positive number of tokens up to {MAX_LENGTH:,}")
-    for x in loads:
-        if not 0 < x <= MAX_LOAD:
-            raise SpecError(f"load={x} must be a positive number of facts up to {MAX_LOAD:,}")
-    if not 0 < samples <= MAX_SAMPLES:
-        raise SpecError(f"samples={samples} must be a positive number up to {MAX_SAMPLES:,}")
-    total = len(lengths) * len(depths) * len(loads) * samples
-    if total > MAX_POINTS:
-        raise SpecError(f"the grid holds {total:,} probes ({len(lengths)} lengths x {len(depths)} "
-                        f"depths x {len(loads)} loads x {samples} samples); at most "
-                        f"{MAX_POINTS:,} per task")
+    """The task's grid points, each size given here or else the spec's default (None); an
+    empty list or a size out of bounds is an error naming the field, never the default."""
+    try:
+        g = Grid(lengths=lengths, depths=depths, loads=loads, samples=samples)
+    except ValidationError as e:
+        raise SpecError(errors_text(e)) from None
+    g = g.over(spec.defaults)
+    try:
+        g.total()
+    except ValueError as e:
+        raise SpecError(str(e)) from None
     return [GridPoint(L, float(dp), n, i, probe_seed(spec, seed, L, dp, n, i))
-            for L in lengths for dp in depths for n in loads for i in range(samples)]
+            for L in g.lengths for dp in g.depths for n in g.loads for i in range(g.samples)]
 
 
 GENERATOR_TIMEOUT_S = 300.0   # per probe; EVALKIT_GENERATOR_TIMEOUT_S overrides it

@@ -64,5 +64,6 @@ def validation_message(where: str | os.PathLike, e: Any, prefix: str = "") -> st
         elif err["type"] == "missing":
             lines.append(f"{where}: missing required key {key!r}")
         else:
-            lines.append(f"{where}: key {key!r}: {err['msg']} (got {err.get('input')!r})")
+            msg = str(err["msg"]).removeprefix("Value error, ")  # our validators' own words
+            lines.append(f"{where}: key {key!r}: {msg} (got {err.get('input')!r})")
     return "\n".join(lines)

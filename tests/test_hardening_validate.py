@@ -131,10 +131,10 @@ def test_validate_on_a_folder_without_task_files_is_an_error(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--samples", "0"], "samples=0 must be a positive number"),
-    (["--samples", "1000000000"], "samples=1000000000 must be a positive number up to 100,000"),
-    (["--lengths", "99999999"], "length=99999999 must be a positive number of tokens up to"),
-    (["--loads", "10000000"], "load=10000000 must be a positive number of facts up to"),
+    (["--samples", "0"], "samples=0 must be a positive integer up to 100,000"),
+    (["--samples", "1000000000"], "samples=1000000000 must be a positive integer up to 100,000"),
+    (["--lengths", "99999999"], "length=99999999 must be a positive integer number of tokens up to"),
+    (["--loads", "10000000"], "load=10000000 must be a positive integer number of facts up to"),
     (["--lengths", ","], "lengths: empty"),
     (["--depths", "nan"], "depth=nan outside [0, 1]"),
     (["--lengths", "1000,2000,3000,4000", "--depths", "0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9",

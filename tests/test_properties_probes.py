@@ -102,6 +102,7 @@ def test_absurd_length_is_refused_before_building(tiny_tokenizer, name):
     """No model bounds a recurrent model's length: the probe builder does, before any work
     (2**40 tokens used to grow until the process was killed)."""
     spec = discover().get(name)
-    with pytest.raises(ValueError, match=r"^length=1099511627776 is above the 1,048,576-token"):
+    with pytest.raises(ValueError, match=r"^length=1099511627776 must be a positive integer "
+                                         r"number of tokens up to 1,048,576"):
         spec.generator(spec.params, task=name, version=spec.version, tokenizer=tiny_tokenizer,
                        length=2**40, depth=0.5, load=4, seed=0)

@@ -50,7 +50,7 @@ def test_custom_probe_loads_and_generates(tiny_tokenizer, tmp_path):
     (("version: \"3\"", "version: \"3\"\ncolour: red"), "unknown key 'colour'"),
     (("{n_candidates: 4}", "{n_candidates: 4, spice: hot}"), "unknown key 'params.spice'"),
     (("{n_candidates: 4}", "{n_candidates: many}"), "key 'params.n_candidates'.*integer"),
-    (("samples: 2", "samples: 0"), "key 'defaults.samples'.*greater than or equal to 1"),
+    (("samples: 2", "samples: 0"), "key 'defaults.samples': samples=0 must be a positive integer"),
     (("depths: [0.5]", "depths: [1.5]"), r"key 'defaults.depths'.*\[0, 1\]"),
     (("generator: recipe_probe:generate", "generator: nowhere_mod:generate"),
      "key 'generator': module 'nowhere_mod' not found"),

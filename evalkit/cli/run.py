@@ -125,11 +125,6 @@ def build_suite(args) -> tuple[SuiteConfig, str, str | None]:
         "cache_dir": str(Path(args.cache_dir).resolve()) if args.cache_dir else None,
         "lm_eval_tasks": args.lm_eval_tasks,
     }
-    # A grid flag beats the config's per-task overrides too (the docstring's precedence).
-    grid_flags = {k for k in ("lengths", "depths", "loads", "samples") if changes[k] is not None}
-    if grid_flags and changes["tasks"] is None:
-        changes["tasks"] = [{**t.model_dump(), **{k: None for k in grid_flags}}
-                            for t in suite.tasks]
     if any(v is not None for v in changes.values()):
         suite = override(suite, "command line", **changes)
     return suite, source, resume_dir

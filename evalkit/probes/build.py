@@ -1,11 +1,11 @@
 """assemble(): facts + questions + a haystack -> one finished, exact-length, measured Probe."""
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from evalkit.probe import MAX_LENGTH, Probe, ProbeMeta, Question, Segment
+from evalkit.grid import point_error
+from evalkit.probe import Probe, ProbeMeta, Question, Segment
 from evalkit.probes.fit import Meter
 from evalkit.probes.haystack import WordStream
 from evalkit.probes.layout import Item, Layout, lay_out
@@ -38,16 +38,11 @@ def probe_id(task: str, length: int, depth: float, load: int, seed: int) -> str:
 
 
 def check_grid_point(length: Any, depth: Any, load: Any) -> None:
-    """Reject bad grid inputs with errors that name the field. Nothing is ever clamped."""
-    if isinstance(length, bool) or not isinstance(length, numbers.Integral) or length < 1:
-        raise ValueError(f"length={length!r} must be a positive integer number of tokens")
-    if length > MAX_LENGTH:
-        raise ValueError(f"length={length!r} is above the {MAX_LENGTH:,}-token limit of a probe")
-    if (isinstance(depth, bool) or not isinstance(depth, numbers.Real)
-            or not 0.0 <= depth <= 1.0):  # NaN fails the comparison too
-        raise ValueError(f"depth={depth!r} outside [0, 1]")
-    if isinstance(load, bool) or not isinstance(load, numbers.Integral) or load < 1:
-        raise ValueError(f"load={load!r} must be a positive integer number of facts")
+    """Reject bad grid inputs with errors that name the field (evalkit.grid's bounds, the
+    ones every grid is held to). Nothing is ever clamped."""
+    why = point_error(length, depth, load)
+    if why:
+        raise ValueError(why)
 
 
 def assemble(*, task: str, version: str, tokenizer: Any, length: int, depth: float, load: int,

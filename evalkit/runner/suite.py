@@ -48,9 +48,11 @@ from typing import Any, Sequence
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
+from evalkit.grid import (MAX_POINTS, SIZES, Grid, length_error, load_error,
+                          samples_error)
 from evalkit.probe import canonical_json
 from evalkit.render import ANSWER_STOP
-from evalkit.taskspec import MAX_POINTS, GridPoint, SpecError, TaskSpec, discover, grid
+from evalkit.taskspec import GridPoint, SpecError, TaskSpec, discover, grid
 from evalkit.user_modules import load_user_file
 from evalkit.yamlfile import read_yaml, validation_message
 
@@ -60,29 +62,6 @@ BUILTIN_GROUPS: dict[str, tuple[str, ...]] = {"all": ("*",)}
 
 class SuiteError(ValueError):
     """A suite config is invalid; the message names the file (or the command line) and the key."""
-
-
-def _positive_ints(v):
-    if v is not None and (not v or any(x <= 0 for x in v)):
-        raise ValueError("must be a non-empty list of positive integers")
-    return v
-
-
-def _unit_floats(v):
-    if v is not None and (not v or any(not 0.0 <= x <= 1.0 for x in v)):
-        raise ValueError("must be a non-empty list of numbers in [0, 1]")
-    return v
-
-
-class _Grid(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    lengths: tuple[int, ...] | None = None
-    depths: tuple[float, ...] | None = None
-    loads: tuple[int, ...] | None = None
-    samples: int | None = Field(default=None, ge=1)
-
-    _lengths = field_validator("lengths", "loads")(_positive_ints)
-    _depths = field_validator("depths")(_unit_floats)
 
 
 class ModelEntry(BaseModel):
@@ -102,12 +81,20 @@ class ModelEntry(BaseModel):
 class Cell(BaseModel):
     """One grid cell of a task entry's `cells` list."""
     model_config = ConfigDict(extra="forbid", frozen=True)
-    length: int = Field(gt=0)
-    load: int = Field(gt=0)
-    samples: int | None = Field(default=None, ge=1)
+    length: int
+    load: int
+    samples: int | None = None
+
+    @model_validator(mode="after")
+    def _bounded(self):  # the grid's own bounds (evalkit.grid)
+        why = length_error(self.length) or load_error(self.load) or (
+            samples_error(self.samples) if self.samples is not None else None)
+        if why:
+            raise ValueError(why)
+        return self
 
 
-class TaskEntry(_Grid):
+class TaskEntry(Grid):
     name: str = Field(min_length=1)       # a task name, a glob, or a group
     cells: tuple[Cell, ...] | None = None  # listed (length, load) cells instead of a product
 
@@ -131,7 +118,7 @@ class Generation(BaseModel):
     max_new_tokens: int | None = Field(default=None, ge=1)  # None: each question's own budget
 
 
-class SuiteConfig(_Grid):
+class SuiteConfig(Grid):
     name: str = "adhoc"
     description: str = ""
     models: tuple[ModelEntry, ...] = ()
@@ -198,9 +185,19 @@ def load_suite(path: str | os.PathLike) -> SuiteConfig:
 
 
 def override(suite: SuiteConfig, where: str, **changes: Any) -> SuiteConfig:
-    """A copy with `changes` (None values ignored), validated as a whole again."""
+    """A copy with `changes` (None values ignored), validated as a whole again. A grid size
+    changed here (a command-line flag) holds for every task: it is set on the suite and
+    cleared from each task entry, the top of the grid precedence (evalkit.grid)."""
+    changes = {k: v for k, v in changes.items() if v is not None}
     data = suite.model_dump()
-    data.update({k: v for k, v in changes.items() if v is not None})
+    data.update(changes)
+    pinned = [k for k in SIZES if k in changes]
+    listed = [t["name"] for t in data["tasks"] if t.get("cells")]
+    if listed and {"lengths", "loads"} & set(pinned):
+        raise SuiteError(f"{where}: --lengths / --loads cannot hold for task(s) "
+                         f"{', '.join(map(repr, listed))}: their entries list their (length, "
+                         f"load) cells (select the task with --tasks for a product grid)")
+    data["tasks"] = [{**t, **{k: None for k in pinned}} for t in data["tasks"]]
     return validate(data, where)
 
 
@@ -377,9 +374,8 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
     tasks = []
     for name, entry in chosen.items():
         spec = registry.get(name)
-        pick = lambda key: getattr(entry, key) or getattr(suite, key) or getattr(spec.defaults, key)
-        lengths, depths, loads, samples = (pick("lengths"), pick("depths"), pick("loads"),
-                                           pick("samples"))
+        g = entry.over(suite, spec.defaults)
+        lengths, depths, loads, samples = g.lengths, g.depths, g.loads, g.samples
         try:
             if entry.cells:
                 points, lengths, loads = _cell_points(spec, entry.cells, depths, samples,
