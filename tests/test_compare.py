@@ -232,8 +232,8 @@ def test_output_files_it_did_not_write_are_kept(runs, tmp_path):
     out.mkdir()
     (out / MD_NAME).write_text("my notes\n")
     (out / "other.txt").write_text("keep\n")
-    with pytest.raises(ValueError, match=r"drift\.md exists and was not written by evalkit "
-                                         r"compare; refusing"):
+    with pytest.raises(ValueError, match=r"mine/drift\.md: not written by evalkit compare; "
+                                         r"evalkit compare never replaces or removes"):
         write_report(rep, out)
     assert (out / MD_NAME).read_text() == "my notes\n" and not (out / JSON_NAME).exists()
     (out / MD_NAME).unlink()

@@ -75,7 +75,7 @@ def test_unknown_member_and_foreign_files_are_refused(tmp_path):
         train_mqar_family(fam, tmp_path, only=["toy-glaa"])
     (tmp_path / "toy-gla").mkdir()
     (tmp_path / "toy-gla" / "notes.txt").write_text("mine")
-    with pytest.raises(ValueError, match="notes.txt: not written by train-tiny"):
+    with pytest.raises(ValueError, match="notes.txt: not written by train-mqar; train-mqar never replaces"):
         train_mqar_family(fam, tmp_path, only=["toy-gla"])
     assert (tmp_path / "toy-gla" / "notes.txt").read_text() == "mine"
 

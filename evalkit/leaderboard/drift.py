@@ -29,6 +29,7 @@ from evalkit import __version__, scoring
 from evalkit.atomic import write_text
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP, check_resamples, paired_bootstrap, seed_for
 from evalkit.formatting import markdown_table, md_cell
+from evalkit.owned_folder import refuse_foreign
 from evalkit.leaderboard.load import Run, load_run, read_samples
 
 FORMAT = "evalkit-drift/1"
@@ -344,10 +345,8 @@ def write_report(report: dict[str, Any], out: str | os.PathLike) -> list[Path]:
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a folder")
     paths = [out / JSON_NAME, out / MD_NAME]
-    for p in paths:
-        if p.exists() and not _ours(p):
-            raise ValueError(f"--out {out}: {p.name} exists and was not written by evalkit "
-                             f"compare; refusing to replace it (choose another folder)")
+    refuse_foreign(paths, lambda p: None if _ours(p) else "not written by evalkit compare",
+                   command="evalkit compare", flag="--out")
     text_json, text_md = to_json(report), render_markdown(report)  # fail before writing
     write_text(paths[1], text_md)
     write_text(paths[0], text_json)

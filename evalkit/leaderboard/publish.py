@@ -1,9 +1,8 @@
 """Publish runs as a leaderboard folder, atomically.
 
-Everything is built in a temporary folder next to the target (same file system), then swapped
-in with renames: the old folder is renamed aside, the new one renamed in, the old one removed.
-Any failure before the swap (a bad run, a plotting bug, a full disk) removes the temporary
-folder and leaves the previous leaderboard exactly as it was.
+Everything is built in a stage next to the target and swapped in with renames
+(evalkit.owned_folder): any failure before the swap (a bad run, a plotting bug, a full disk)
+leaves the previous leaderboard exactly as it was.
 
 publish owns only the files it writes (listed under "files" in results.json); anything else a
 user put in the folder (NOTES.md, extra/) is copied into the new folder before the swap. One
@@ -12,21 +11,18 @@ the rename-aside/rename-in pair never interleaves with another one.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
-import tempfile
-import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import pandas as pd
 
 from evalkit import __version__, atomic
 from evalkit.formatting import slug
+from evalkit.owned_folder import building, locked, refuse_foreign
 from evalkit.leaderboard import plots as P
 from evalkit.leaderboard import recall_state
 from evalkit.leaderboard.board import Board, Options, build, records
@@ -84,18 +80,12 @@ def publish(run_dirs: Sequence[str | os.PathLike], to: str | os.PathLike,
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ValueError(f"--to {to}: cannot create its parent folder ({e.strerror})") from None
-    with _locked(target.parent):
+    with locked(target.parent):  # one publish at a time per parent folder
         check_target(target)  # again: another publish may have written it meanwhile
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.new-"))
-        try:
-            os.chmod(tmp, 0o755)  # mkdtemp makes it private; a leaderboard is for reading
+        with building(target) as tmp:
             files, skipped = write_board(board, tmp, [str(p) for p in run_dirs], drift,
                                          shown=target)
             _keep_foreign(target, tmp, {f.relative_to(tmp).as_posix() for f in files})
-            _swap(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return Published(target, board, [target / f.relative_to(tmp) for f in files], skipped)
 
 
@@ -104,17 +94,6 @@ def _shown_as(folder: Path) -> str:
     inside it (leaderboard/quick/), else absolute."""
     folder, cwd = Path(folder).resolve(), Path.cwd().resolve()
     return (folder.relative_to(cwd).as_posix() if folder.is_relative_to(cwd) else str(folder)) + "/"
-
-
-@contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """An exclusive flock on `folder` itself (nothing is written), held while swapping."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _owned(target: Path) -> set[str]:
@@ -134,6 +113,9 @@ def _keep_foreign(target: Path, new: Path, written: set[str]) -> None:
     if not target.is_dir():
         return
     owned = _owned(target)
+    refuse_foreign((target / rel for rel in sorted(written)),
+                   lambda p: None if p.relative_to(target).as_posix() in owned
+                   else "not written by publish", command="publish", flag="--to")
     for root, dirs, names in os.walk(target):
         rel_root = Path(root).relative_to(target)
         for d in dirs:
@@ -145,26 +127,8 @@ def _keep_foreign(target: Path, new: Path, written: set[str]) -> None:
                 (new / rel_root / d).mkdir(exist_ok=True)
         for name in names:
             rel = (rel_root / name).as_posix()
-            if rel in owned:
-                continue
-            if rel in written:
-                raise ValueError(f"--to {target}: {target / rel} was not written by publish and "
-                                 f"the new leaderboard writes a file there; move it away first")
-            shutil.copy2(target / rel, new / rel, follow_symlinks=False)
-
-
-def _swap(new: Path, target: Path) -> None:
-    if not target.exists():
-        os.rename(new, target)
-        return
-    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-    os.rename(target, old)
-    try:
-        os.rename(new, target)
-    except BaseException:
-        os.rename(old, target)  # put the previous leaderboard back
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+            if rel not in owned:
+                shutil.copy2(target / rel, new / rel, follow_symlinks=False)
 
 
 def write_board(board: Board, out: Path, run_paths: Sequence[str],

@@ -44,6 +44,7 @@ from typing import Any, Sequence
 
 from evalkit import atomic, scoring
 from evalkit.digest import sha256_file
+from evalkit.owned_folder import refuse_foreign
 
 MANIFEST = "evalkit_export.json"
 WRITTEN_BY = "evalkit lm-eval-export"
@@ -171,14 +172,17 @@ def _check_out(out: Path, planned: Sequence[str]) -> dict[str, str]:
     existing = {}
     for rel in dict.fromkeys([*planned, *owned]):
         path = out / rel
-        if not path.exists() and not path.is_symlink():
-            continue
-        sha = sha256_file(path) if path.is_file() and not path.is_symlink() else ""
-        if sha not in owned.get(rel, ()):
-            why = "changed since evalkit wrote it" if rel in owned else "not written by evalkit"
-            raise ValueError(f"{path}: exists and was {why}; the export never replaces or "
-                             f"removes such a file (move it, or choose another --out)")
-        existing[rel] = sha
+        if path.exists() or path.is_symlink():
+            existing[rel] = sha256_file(path) if path.is_file() and not path.is_symlink() else ""
+
+    def why_not_ours(path: Path) -> str | None:
+        rel = path.relative_to(out).as_posix()
+        if existing[rel] in owned.get(rel, ()):
+            return None
+        return "changed since evalkit wrote it" if rel in owned else f"not written by {WRITTEN_BY}"
+
+    refuse_foreign((out / rel for rel in existing), why_not_ours, command=WRITTEN_BY,
+                   flag="--out")
     return existing
 
 

@@ -86,7 +86,7 @@ def train_mqar_family(fam: MQARFamily, out: Path, only: Sequence[str] = (),
     todo = [m for m in fam.models if not only or m.name in only]
     status = {m.name: "current" for m in todo if is_current(fam, m, out / m.name)}
     todo = [m for m in todo if m.name not in status]
-    check_out(out, [m.name for m in todo])
+    check_out(out, [m.name for m in todo], "train-mqar")
     for m in fam.models:
         if m.name in status:
             log(f"{m.name}: current (recipe {fam.recipe_hash(m)[:12]}), skipped")
@@ -150,4 +150,4 @@ def _write(fam: MQARFamily, m: Member, r: dict, sweep: list[dict], out: Path,
            "sweep": sweep_rows, **{k: v for k, v in r.items() if k != "final"}}
     (tmp / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     (tmp / "README.md").write_text(member_card(fam, m, log))
-    install(tmp, out / m.name)
+    install(tmp, out / m.name, "train-mqar")

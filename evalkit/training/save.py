@@ -16,7 +16,7 @@ def _finish(tmp: Path, out: Path, name: str, tokenizer: Any, log: dict, card: st
     (tmp / "train_log.json").write_text(json.dumps({**log, "evalkit_version": __version__},
                                                    indent=1) + "\n")
     (tmp / "README.md").write_text(card)
-    install(tmp, out / name)
+    install(tmp, out / name, "train-tiny")
     print(f"wrote {out / name}")
 
 
@@ -25,7 +25,7 @@ def train_and_write_pair(cfg, tokenizer: Any, out: Path, tok_path: str, config_p
     from evalkit.training.cards import NAMES, pair_card, pair_loss_plot
     from evalkit.training.train import train_pair
 
-    check_out(out, NAMES.values())  # before training: never lose an hour to a bad --out
+    check_out(out, NAMES.values(), "train-tiny")  # before training: never lose an hour
     t0 = time.time()
     result = train_pair(cfg, tokenizer)
     gla, gla_cfg = result["gla"]
