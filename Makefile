@@ -37,12 +37,14 @@ run: setup
 # The standard board: the MQAR twins on Zoology's MQAR (configs/mqar.yaml) and the prose tasks
 # for the tiny pair (configs/standard-cpu.yaml), two runs published as one board.
 # Gaps, paired (BASELINE:MODEL = baseline minus model): attention minus each recurrent and
-# windowed twin; each GLA state minus the next smaller one and the largest minus the smallest;
-# each window minus the next smaller one and the widest minus the narrowest; the tiny pair; the
-# references. A twin joins them once configs/mqar.yaml lists it.
+# windowed twin; attention d 128 minus d 64 and minus the largest GLA; each GLA state minus the
+# next smaller one and the largest minus the smallest; each window minus the next smaller one
+# and the widest minus the narrowest; the tiny pair; the references. A twin joins them once
+# configs/mqar.yaml lists it.
 MQAR_GLA = mqar-gla-d32 mqar-gla-d64 mqar-gla-d128 mqar-gla-d256
 MQAR_SWA = mqar-swa-w16-d64 mqar-swa-w64-d64 mqar-swa-w256-d64
 GAPS = $(foreach m,$(MQAR_GLA) $(MQAR_SWA),mqar-attn-d64:$(m)) \
+       mqar-attn-d128:mqar-attn-d64 mqar-attn-d128:mqar-gla-d256 \
        mqar-gla-d64:mqar-gla-d32 mqar-gla-d128:mqar-gla-d64 mqar-gla-d256:mqar-gla-d128 \
        mqar-gla-d256:mqar-gla-d32 \
        mqar-swa-w64-d64:mqar-swa-w16-d64 mqar-swa-w256-d64:mqar-swa-w64-d64 \
