@@ -13,15 +13,11 @@ from typing import Any, Sequence
 
 import torch
 
-from evalkit.adapter import greedy_generate, greedy_token
 from evalkit.model_adapters.cache_state import TensorState, cache_state, cache_tensors, fork_cache
-from evalkit.model_adapters.dtypes import parse_dtype
-from evalkit.model_adapters.hf_base import HFBase, eos_ids
+from evalkit.model_adapters.hf_base import HFBase, HFState, eos_ids
 from evalkit.model_adapters.recurrent.formula import state_at
-from evalkit.model_adapters.device import resolve_device
 from evalkit.model_adapters.softmax.adapter import load_causal_lm
 from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
-from evalkit.model_adapters.softmax.kv_cache import KVState
 from evalkit.state_kind import StateBytes
 
 # Their full-sequence selective scan starts from a zero state (transformers' mamba_selective_scan:
@@ -44,17 +40,9 @@ class RecurrentAdapter(HFBase):
         if gguf:
             raise ValueError(f"{path}: GGUF files are read for softmax models only; convert the "
                              f"recurrent model to a safetensors folder")
-        self.dtype = parse_dtype(dtype)
-        self.device = resolve_device(device, self.dtype)
-        self.trust_remote_code = bool(trust_remote_code)
-        if int(prefill_chunk) < 1:
-            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-        self.prefill_chunk = int(prefill_chunk)
-        self._extra_identity = dict(extra_identity or {})
-        self.tokenizer, self.model, self._weight_files = load_causal_lm(
-            folder, None, self.dtype, trust_remote_code=self.trust_remote_code)
-        self.model.to(self.device).eval()
-        self.model.requires_grad_(False)
+        self._set_options(dtype, device, trust_remote_code, prefill_chunk, extra_identity)
+        self._set_model(*load_causal_lm(folder, None, self.dtype,
+                                        trust_remote_code=self.trust_remote_code))
         self.model_type = self.model.config.get_text_config(decoder=True).model_type
         self._tensor_state = self.model_type == "rwkv"  # state passed as a list of tensors
         self._dynamic_cache = DynamicCache
@@ -62,7 +50,6 @@ class RecurrentAdapter(HFBase):
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keeps_logits = "logits_to_keep" in params
         self._stepwise = self.model_type in ZERO_START_SCAN
-        self._vocab = self.model.get_input_embeddings().num_embeddings
         cfg_max = max_length_from_config(self.model.config)
         self.max_length = int(max_length) if max_length is not None else cfg_max
         self.trained_length = None if trained_length is None else int(trained_length)
@@ -85,7 +72,7 @@ class RecurrentAdapter(HFBase):
         return [(i, min(self.prefill_chunk, n - i)) for i in range(0, n, self.prefill_chunk)]
 
     @torch.inference_mode()
-    def _forward(self, cache: Any, start: int, ids: Sequence[int], all_logits: bool
+    def _feed(self, cache: Any, start: int, ids: Sequence[int], all_logits: bool
                  ) -> tuple[Any, torch.Tensor]:
         """Feed `ids` at positions start.. into `cache` (updated in place or replaced).
         Returns (cache, fp32 logits): [n, V] if all_logits else [V] for the last position."""
@@ -109,70 +96,33 @@ class RecurrentAdapter(HFBase):
         logits = torch.cat(outs, dim=0)
         return cache, (logits if all_logits else logits[-1])
 
-    # -- protocol
+    def _copy_cache(self, cache: Any) -> Any:
+        return fork_cache(cache)
 
-    def prefill(self, token_ids: Sequence[int]) -> KVState:
-        ids = self._check_ids(token_ids)
-        if not ids:
-            raise ValueError(f"{self.name}: prefill needs at least one token")
-        self._check_room(len(ids), "prefill")
-        cache, logits = self._forward(self._new_cache(), 0, ids, all_logits=False)
-        return KVState(cache, len(ids), logits)
+    # -- protocol (prefill, extend, fork and generate: HFBase)
 
-    def extend(self, state: KVState, token_ids: Sequence[int]) -> KVState:
-        ids = self._check_ids(token_ids)
-        if not ids:
-            return state
-        self._check_room(state.length + len(ids), "extend")
-        state.cache, state.logits = self._forward(state.cache, state.length, ids, all_logits=False)
-        state.length += len(ids)
-        return state
-
-    def fork(self, state: KVState) -> KVState:
-        return KVState(fork_cache(state.cache), state.length, state.logits.clone())
-
-    def generate(self, state: KVState, max_new_tokens: int, stop: Sequence[str] | None = None) -> str:
-        scratch = {"cache": None, "length": state.length}
-
-        def step(tok: int) -> int:
-            self._check_room(scratch["length"] + 1, "generation")
-            if scratch["cache"] is None:
-                scratch["cache"] = fork_cache(state.cache)
-            scratch["cache"], logits = self._forward(scratch["cache"], scratch["length"], [tok],
-                                                     all_logits=False)
-            scratch["length"] += 1
-            return greedy_token(logits)
-
-        return greedy_generate(greedy_token(state.logits), step,
-                               decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-                               eos=self._eos, max_new_tokens=max_new_tokens, stop=stop)
-
-    def score(self, state: KVState, continuations: Sequence[Sequence[int]]) -> list[float]:
-        conts = [self._check_ids(c) for c in continuations]
-        if any(not c for c in conts):
-            raise ValueError(f"{self.name}: cannot score an empty continuation")
-        first = torch.log_softmax(state.logits, dim=-1)
-        scores = [first[c[0]].item() for c in conts]
+    def score(self, state: HFState, continuations: Sequence[Sequence[int]]) -> list[float]:
+        conts, scores = self._first_token_scores(state, continuations)
         # one forked cache per continuation: recurrent layers update in place, and a padded batch
         # would need per-row masking inside their scans
         for i, c in enumerate(conts):
             if len(c) < 2:
                 continue
             self._check_room(state.length + len(c) - 1, "score")
-            _, logits = self._forward(fork_cache(state.cache), state.length, c[:-1], all_logits=True)
+            _, logits = self._feed(fork_cache(state.cache), state.length, c[:-1], all_logits=True)
             lp = torch.log_softmax(logits, dim=-1)
             tgt = torch.tensor(c[1:], device=lp.device)
             scores[i] += lp.gather(1, tgt[:, None]).sum().item()
         return scores
 
-    def state_parts(self, state: KVState) -> StateBytes:
+    def state_parts(self, state: HFState) -> StateBytes:
         """The state's bytes by part, counted from the cache's tensors (not the logits)."""
         return cache_state(state.cache)
 
-    def state_tensors(self, state: KVState) -> list[torch.Tensor]:
+    def state_tensors(self, state: HFState) -> list[torch.Tensor]:
         return cache_tensors(state.cache)
 
-    def state_bytes(self, state: KVState) -> int:
+    def state_bytes(self, state: HFState) -> int:
         return self.state_parts(state).total
 
     # -- description

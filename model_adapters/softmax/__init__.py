@@ -35,7 +35,7 @@ accounting, window mask and eviction), `describe` (figures from a config, no wei
 """
 from evalkit.model_adapters.softmax.adapter import SoftmaxAdapter
 from evalkit.model_adapters.softmax.describe import describe_checkpoint, describe_row
-from evalkit.model_adapters.softmax.kv_cache import KVProfile, KVState, kv_profile, matched_window
+from evalkit.model_adapters.softmax.kv_cache import KVProfile, kv_profile, matched_window
 
-__all__ = ["KVProfile", "KVState", "SoftmaxAdapter", "describe_checkpoint", "describe_row",
+__all__ = ["KVProfile", "SoftmaxAdapter", "describe_checkpoint", "describe_row",
            "kv_profile", "matched_window"]

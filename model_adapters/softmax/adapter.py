@@ -10,14 +10,11 @@ from typing import Any, Sequence
 
 import torch
 
-from evalkit.adapter import greedy_generate, greedy_token
 from evalkit.model_adapters.cache_state import cache_state
-from evalkit.model_adapters.device import resolve_device
-from evalkit.model_adapters.dtypes import parse_dtype
-from evalkit.model_adapters.hf_base import HFBase, eos_ids
+from evalkit.model_adapters.hf_base import HFBase, HFState, eos_ids
 from evalkit.model_adapters.softmax import kv_cache
 from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
-from evalkit.model_adapters.softmax.kv_cache import KVProfile, KVState, kv_profile, matched_window
+from evalkit.model_adapters.softmax.kv_cache import KVProfile, kv_profile, matched_window
 from evalkit.model_adapters.weights import (WeightFileError, check_floating, index_shards,
                                             safetensors_dtypes)
 from evalkit.model_adapters.state_match import matched_state_bytes
@@ -88,23 +85,14 @@ class SoftmaxAdapter(HFBase):
                  extra_identity: dict | None = None) -> None:
         self.path = str(Path(path).expanduser())
         folder, gguf = split_path(path)
-        self.dtype = parse_dtype(dtype)
-        self.device = resolve_device(device, self.dtype)
-        self.trust_remote_code = bool(trust_remote_code)
-        if int(prefill_chunk) < 1:
-            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-        self.prefill_chunk = int(prefill_chunk)
+        self._set_options(dtype, device, trust_remote_code, prefill_chunk, extra_identity)
         self.score_batch = max(1, int(score_batch))  # continuations scored in one forward
         self.score_batch_bytes = int(score_batch_bytes)  # memory for their cache copies + logits
-        self._extra_identity = dict(extra_identity or {})
 
-        self.tokenizer, self.model, self._weight_files = load_causal_lm(
-            folder, gguf, self.dtype, trust_remote_code=self.trust_remote_code)
-        self.model.to(self.device).eval()
-        self.model.requires_grad_(False)
+        self._set_model(*load_causal_lm(folder, gguf, self.dtype,
+                                        trust_remote_code=self.trust_remote_code))
         self._cache_kw = kv_cache.cache_kwarg(self.model)
         self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
-        self._vocab = self.model.get_input_embeddings().num_embeddings
 
         cfg_max = max_length_from_config(self.model.config)
         self.max_length = int(max_length) if max_length is not None else cfg_max
@@ -199,57 +187,25 @@ class SoftmaxAdapter(HFBase):
                 last = logits[:, -1].float()
         return torch.cat(outs, dim=1) if all_logits else last
 
-    def _scratch(self, state: KVState) -> Any:
-        """A cache to run ahead on without touching `state` (shares tensors when that is safe)."""
-        return kv_cache.copy_cache(state.cache, clone=not self._functional_cache)
+    def _feed(self, cache: Any, start: int, ids: Sequence[int], all_logits: bool
+              ) -> tuple[Any, torch.Tensor]:
+        """One row through `_forward` (the cache is updated in place)."""
+        return cache, self._forward(cache, start, [ids], all_logits)[0]
 
-    # -- protocol
+    def _new_cache(self) -> Any:
+        return kv_cache.new_cache(self.model)
 
-    def prefill(self, token_ids: Sequence[int]) -> KVState:
-        ids = self._check_ids(token_ids)
-        if not ids:
-            raise ValueError(f"{self.name}: prefill needs at least one token")
-        self._check_room(len(ids), "prefill")
-        cache = kv_cache.new_cache(self.model)
-        logits = self._forward(cache, 0, [ids], all_logits=False)[0]
-        return KVState(cache, len(ids), logits)
+    def _copy_cache(self, cache: Any) -> Any:
+        return kv_cache.copy_cache(cache, clone=True)
 
-    def extend(self, state: KVState, token_ids: Sequence[int]) -> KVState:
-        ids = self._check_ids(token_ids)
-        if not ids:
-            return state
-        self._check_room(state.length + len(ids), "extend")
-        logits = self._forward(state.cache, state.length, [ids], all_logits=False)[0]
-        state.length += len(ids)
-        state.logits = logits
-        return state
+    def _scratch_cache(self, cache: Any) -> Any:
+        """A cache to run ahead on without touching `cache` (shares tensors when that is safe)."""
+        return kv_cache.copy_cache(cache, clone=not self._functional_cache)
 
-    def fork(self, state: KVState) -> KVState:
-        return KVState(kv_cache.copy_cache(state.cache, clone=True), state.length, state.logits.clone())
+    # -- protocol (prefill, extend, fork and generate: HFBase)
 
-    def generate(self, state: KVState, max_new_tokens: int, stop: Sequence[str] | None = None) -> str:
-        scratch = {"cache": None, "length": state.length}
-
-        def step(tok: int) -> int:
-            self._check_room(scratch["length"] + 1, "generation")
-            if scratch["cache"] is None:
-                scratch["cache"] = self._scratch(state)
-            logits = self._forward(scratch["cache"], scratch["length"], [[tok]], all_logits=False)[0]
-            scratch["length"] += 1
-            return greedy_token(logits)
-
-        return greedy_generate(greedy_token(state.logits), step, decode=self._decode,
-                               eos=self._eos, max_new_tokens=max_new_tokens, stop=stop)
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def score(self, state: KVState, continuations: Sequence[Sequence[int]]) -> list[float]:
-        conts = [self._check_ids(c) for c in continuations]
-        if any(not c for c in conts):
-            raise ValueError(f"{self.name}: cannot score an empty continuation")
-        first = torch.log_softmax(state.logits, dim=-1)
-        scores = [first[c[0]].item() for c in conts]
+    def score(self, state: HFState, continuations: Sequence[Sequence[int]]) -> list[float]:
+        conts, scores = self._first_token_scores(state, continuations)
         multi = sorted((i for i, c in enumerate(conts) if len(c) > 1), key=lambda i: len(conts[i]))
         if not multi:
             return scores
@@ -266,7 +222,7 @@ class SoftmaxAdapter(HFBase):
             width = len(conts[idx[-1]]) - 1
             # right padding: pads come after every real token, so causal attention never sees them
             rows = [conts[i][:-1] + [0] * (width - len(conts[i]) + 1) for i in idx]
-            scratch = kv_cache.expand_batch(self._scratch(state), len(idx))
+            scratch = kv_cache.expand_batch(self._scratch_cache(state.cache), len(idx))
             logits = self._forward(scratch, state.length, rows, all_logits=True)
             lp = torch.log_softmax(logits, dim=-1)
             for b, i in enumerate(idx):
@@ -274,14 +230,14 @@ class SoftmaxAdapter(HFBase):
                 scores[i] += lp[b, : len(tgt)].gather(1, tgt[:, None]).sum().item()
         return scores
 
-    def state_tensors(self, state: KVState) -> list[torch.Tensor]:
+    def state_tensors(self, state: HFState) -> list[torch.Tensor]:
         """The tensors `state_bytes` counts (the KV cache; not the logits)."""
         return [t for layer in state.cache.layers for t in kv_cache.layer_tensors(layer)]
 
-    def state_bytes(self, state: KVState) -> int:
+    def state_bytes(self, state: HFState) -> int:
         return sum(t.nbytes for t in self.state_tensors(state))
 
-    def state_parts(self, state: KVState) -> StateBytes:
+    def state_parts(self, state: HFState) -> StateBytes:
         """The cache's bytes by part (an unknown cache layer class is an UnknownCacheError);
         with a window every KV row is bounded by it."""
         parts = cache_state(state.cache)

@@ -10,15 +10,6 @@ from typing import Any
 import torch
 
 
-@dataclass
-class KVState:
-    """A softmax model's state: the KV cache, tokens seen so far, next-token logits (fp32)."""
-
-    cache: Any
-    length: int
-    logits: torch.Tensor
-
-
 @dataclass(frozen=True)
 class KVProfile:
     """Per-layer KV growth: bytes(n) = sum(const + per_token * min(n, cap or n))."""
