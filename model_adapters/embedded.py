@@ -28,7 +28,7 @@ from typing import Any
 
 from evalkit.model_adapters.gla_adapter import GLAAdapter, describe_config
 from evalkit.model_adapters.softmax import SoftmaxAdapter, describe_row
-from evalkit.model_adapters.weights import evalkit_cache_dir, file_sha256
+from evalkit.model_adapters.weights import evalkit_cache_dir, file_sha256, shipped_checkpoint
 from evalkit.models import register_model
 from evalkit.owned_folder import building, locked
 
@@ -148,11 +148,8 @@ TINY_MODELS = {
 
 
 def _tiny_folder(name: str) -> Path:
-    folder = TINY_DIR / name
-    if not (folder / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{name}: checkpoint {folder} is missing; re-create it with "
-                                f"`evalkit train-tiny --config configs/train_tiny.yaml`")
-    return folder
+    return shipped_checkpoint(TINY_DIR / name, name,
+                              "evalkit train-tiny --config configs/train_tiny.yaml")
 
 
 def tiny_trained_length(name: str) -> int:

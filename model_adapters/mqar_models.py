@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.model_adapters.gla_adapter import GLAAdapter, describe_config
+from evalkit.model_adapters.weights import shipped_checkpoint
 from evalkit.models import register_model
 
 MQAR_DIR = Path(__file__).resolve().parent / "mqar"
@@ -31,11 +32,7 @@ TRAIN = "evalkit train-mqar --config configs/train_mqar.yaml --only {name} (make
 
 
 def mqar_folder(name: str) -> Path:
-    folder = MQAR_DIR / name
-    if not (folder / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{name}: checkpoint {folder} is not trained yet; train it with "
-                                f"`{TRAIN.format(name=name)}`")
-    return folder
+    return shipped_checkpoint(MQAR_DIR / name, name, TRAIN.format(name=name))
 
 
 def _factory(name: str):

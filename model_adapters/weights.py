@@ -20,6 +20,15 @@ def evalkit_cache_dir() -> Path:
     return Path(os.environ.get("EVALKIT_CACHE") or "~/.cache/evalkit").expanduser()
 
 
+def shipped_checkpoint(folder: Path, name: str, make: str) -> Path:
+    """The folder of a model whose weights ship in the repository; a missing checkpoint is an
+    error naming the command `make` that trains it."""
+    if not (folder / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{name}: checkpoint {folder} is not there yet; train it with "
+                                f"`{make}`")
+    return folder
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """SHA-256 of a file, computed once per (path, size, mtime) and remembered in the cache dir."""
     p = Path(path).resolve()
