@@ -7,22 +7,28 @@ import filecmp
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 
-def main(build: Callable[[Path], None], out: Path, description: str,
+def _save(build: Callable[[], Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    build().save_pretrained(str(out))
+
+
+def main(build: Callable[[], Any], out: Path, description: str,
          argv: list[str] | None = None) -> int:
+    """`build()` returns the tokenizer (a transformers fast tokenizer) to save."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--check", action="store_true",
                     help="rebuild in a temporary folder and compare with the committed files")
     ap.add_argument("--out", type=Path, default=out)
     args = ap.parse_args(argv)
     if not args.check:
-        build(args.out)
+        _save(build, args.out)
         print(f"wrote {args.out}")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        build(Path(tmp))
+        _save(build, Path(tmp))
         names = sorted(p.name for p in Path(tmp).iterdir())
         _, mismatch, errors = filecmp.cmpfiles(tmp, args.out, names, shallow=False)
         if mismatch or errors:
