@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -67,3 +67,8 @@ def validation_message(where: str | os.PathLike, e: Any, prefix: str = "") -> st
             msg = str(err["msg"]).removeprefix("Value error, ")  # our validators' own words
             lines.append(f"{where}: key {key!r}: {msg} (got {err.get('input')!r})")
     return "\n".join(lines)
+
+
+def repeated(values: Sequence[Any]) -> list:
+    """The values that appear more than once, sorted (a config's names must be unique)."""
+    return sorted({v for v in values if list(values).count(v) > 1})

@@ -34,7 +34,7 @@ from evalkit.bootstrap import DEFAULT_BOOTSTRAP, seed_for
 from evalkit.leaderboard.load import SCORE_PREFIX
 from evalkit.formatting import fmt_bytes, markdown_table
 from evalkit.leaderboard.plots import model_colors
-from evalkit.yamlfile import read_yaml
+from evalkit.yamlfile import read_yaml, repeated
 
 BASED_TEST_MIX: tuple[tuple[int, int], ...] = (
     (64, 4), (64, 8), (64, 16), (128, 32), (256, 64), (512, 128), (1024, 256))
@@ -70,8 +70,7 @@ class PublishedSet(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "PublishedSet":
-        keys = [p.key for p in self.points]
-        dup = sorted({k for k in keys if keys.count(k) > 1})
+        dup = repeated([p.key for p in self.points])
         if dup:
             raise ValueError(f"points: key(s) {dup} appear more than once")
         bad = [s for s in self.sources if not re.match(_ARXIV, s)]

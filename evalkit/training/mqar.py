@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from evalkit.tasks.mqar import IGNORE, VOCAB_SIZE, accuracy, check_shape, mqar_batch
 from evalkit.training.data import TRAIN_SEED_BASE
 from evalkit.training.train import lr_at
+from evalkit.yamlfile import repeated
 
 HELDOUT_SEED_BASE = TRAIN_SEED_BASE + (1 << 30)  # training seeds stay below this
 MAX_STEPS = 200_000
@@ -93,8 +94,7 @@ class MQARFamily(BaseModel):
 
     @model_validator(mode="after")
     def _unique(self) -> "MQARFamily":
-        names = [m.name for m in self.models]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = repeated([m.name for m in self.models])
         if dup:
             raise ValueError(f"models: duplicate name(s) {dup}")
         return self
