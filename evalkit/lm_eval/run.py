@@ -56,9 +56,10 @@ class LmEvalTasks:
                                   include_defaults=include_defaults)
         unknown = [t for t in self.names if not self._index.match_tasks([t])]
         if unknown:
-            raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)}"
-                             + ("" if include_path else " (evalkit's tasks need include_path: "
-                                "see `evalkit lm-eval-export`)"))
+            searched = ([str(include_path)] if include_path else []) + (
+                ["lm-eval's own tasks"] if include_defaults else [])
+            raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)} (searched "
+                             f"{' and '.join(searched) or 'nothing'})")
 
     def manager(self, metadata: dict) -> Any:
         """The index as a TaskManager that gives its tasks one model's `metadata`. lm-eval keeps
