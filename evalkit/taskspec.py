@@ -78,6 +78,15 @@ class TaskSpec:
     defaults: Defaults
     generator: Callable[..., Probe]
 
+    @property
+    def shown_source(self) -> str:
+        """Where the task file is, as results record it: `tasks/<file>` for a built-in task
+        (the same in every clone and install), the absolute path for a user's own."""
+        try:
+            return f"tasks/{self.source.resolve().relative_to(_builtin_dir()).as_posix()}"
+        except ValueError:
+            return str(self.source)
+
     def config_hash(self) -> str:
         """Identity of the generation config: results from different hashes never mix."""
         d = {"task": self.name, "version": self.version, "generator": self.generator_ref,

@@ -126,3 +126,9 @@ def test_cli_reports_missing_tokenizer_and_unknown_task(tmp_path, capsys):
     rc = main(["generate", "recipez", "--include", str(PROBES), "--tokenizer",
                str(TINY_TOKENIZER), "--out", str(tmp_path / "x.jsonl")])
     assert rc == 2 and "unknown task 'recipez'" in capsys.readouterr().err
+
+
+def test_results_record_a_builtin_task_file_the_same_in_every_clone(tmp_path):
+    assert discover().get("needle").shown_source == "tasks/needle.yaml"
+    path = write(tmp_path, good(tmp_path))
+    assert load_spec(path).shown_source == str(path)  # a user's own file: where it is

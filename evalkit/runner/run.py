@@ -235,7 +235,7 @@ def _bar(total: int, desc: str, enabled: bool):
 
 def _task_info(resolved: ResolvedSuite) -> dict[str, dict]:
     return {t.name: {"version": t.spec.version, "config_hash": t.spec.config_hash(),
-                     "source": str(t.spec.source),
+                     "source": t.spec.shown_source,
                      "grid": {"lengths": list(t.lengths), "depths": list(t.depths),
                               "loads": list(t.loads), "samples": t.samples,
                               "probes": len(t.points)}}
