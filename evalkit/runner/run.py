@@ -278,16 +278,11 @@ def run_suite(resolved: ResolvedSuite, *, output: str | Path | None = None, resu
     try:
         outcome = _run(session, earlier, done, argv, t0, started)
     except BaseException:
-        # A new run that evaluated nothing is removed (bad option, missing checkpoint,
-        # impossible grid): fixing the input and re-running with the same --output works.
-        # One that evaluated something stays, resumable.
-        if prep is not None and prep.earlier is None and not session.computed:
-            rundir.discard(prep)
-            prep = None
-        raise
-    finally:
         if prep is not None:
-            rundir.release(prep)
+            prep.close_failed(evaluated=session.computed > 0)
+        raise
+    if prep is not None:
+        prep.release()
     return outcome
 
 
@@ -297,13 +292,13 @@ def _cache(suite: SuiteConfig, path: Path) -> SampleCache:
 
 def _open_folder(resolved: ResolvedSuite, output: str | Path | None, runs_root: str | Path,
                  resume: bool, dist: distributed.Dist
-                 ) -> tuple[Path, dict | None, bool, rundir.Prepared | None]:
+                 ) -> tuple[Path, dict | None, bool, rundir.RunFolder | None]:
     """Rank 0 creates (or checks) and locks the run directory and its cache; every rank learns
     the outcome, a refusal as the same exception, so it ends all ranks instead of leaving them
     waiting in a collective. Returns (path, the earlier run's start record, done, rank 0's
     lock or None)."""
     got: Any = None
-    prep: rundir.Prepared | None = None
+    prep: rundir.RunFolder | None = None
     if dist.is_main:
         made = None
         try:
@@ -316,7 +311,7 @@ def _open_folder(resolved: ResolvedSuite, output: str | Path | None, runs_root: 
             got = (str(path), prep.earlier, prep.done)
         except (rundir.RunDirError, CacheError) as e:
             if prep is not None:
-                rundir.discard(prep) if prep.earlier is None else rundir.release(prep)
+                prep.close_failed(evaluated=False)
             elif made is not None:
                 made.rmdir()
             got = e

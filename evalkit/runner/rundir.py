@@ -86,13 +86,35 @@ def stored_config(path: Path) -> dict:
 
 
 @dataclass
-class Prepared:
-    """A run directory held by this process (its .lock flock'ed)."""
+class RunFolder:
+    """A run directory held by this process (its .lock flock'ed) until `release`, `discard` or
+    `close_failed`."""
     path: Path
     earlier: dict | None   # a resumed run's earlier provenance; None for a new run
     created: bool          # this process made the folder
     done: bool             # it holds a finished run (DONE)
     lock_fd: int
+
+    def release(self) -> None:
+        os.close(self.lock_fd)
+
+    def discard(self) -> None:
+        """Remove a new run's folder (everything in it is this process's), then release it."""
+        if self.created:
+            shutil.rmtree(self.path, ignore_errors=True)
+        else:  # the user's empty folder: keep it, empty
+            for p in self.path.iterdir():
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        self.release()
+
+    def close_failed(self, evaluated: bool) -> None:
+        """Let go after a failure: a new run that evaluated nothing (a bad option, a missing
+        checkpoint, an impossible grid) is removed, so fixing the input and re-running with
+        the same --output works; one that evaluated something stays, resumable."""
+        if self.earlier is None and not evaluated:
+            self.discard()
+        else:
+            self.release()
 
 
 def _entries(path: Path) -> list[str]:
@@ -117,21 +139,7 @@ def _lock(path: Path) -> int:
     return fd
 
 
-def release(prep: Prepared) -> None:
-    os.close(prep.lock_fd)
-
-
-def discard(prep: Prepared) -> None:
-    """Remove a new run's folder (everything in it is this process's), then release it."""
-    if prep.created:
-        shutil.rmtree(prep.path, ignore_errors=True)
-    else:  # the user's empty folder: keep it, empty
-        for p in prep.path.iterdir():
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-    release(prep)
-
-
-def prepare(path: Path, document: dict, *, resume: bool, created: bool = False) -> Prepared:
+def prepare(path: Path, document: dict, *, resume: bool, created: bool = False) -> RunFolder:
     """Create the run directory (or check it for resuming) and lock it. Resuming a directory
     that does not exist yet (or is empty) starts it, so `--resume --output DIR` is safe to
     repeat. `created`: the caller made the (empty) folder."""
@@ -145,12 +153,12 @@ def prepare(path: Path, document: dict, *, resume: bool, created: bool = False) 
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise RunDirError(f"--output {path}: cannot create the run folder ({e.strerror})") from None
-    prep = Prepared(path, None, created, False, _lock(path))
+    prep = RunFolder(path, None, created, False, _lock(path))
     if not _entries(path):
         try:
             atomic.write_json(path / CONFIG, document)
         except OSError as e:
-            discard(prep)
+            prep.discard()
             raise RunDirError(f"{path / CONFIG}: cannot write ({e.strerror})") from None
         return prep
     try:
@@ -159,7 +167,7 @@ def prepare(path: Path, document: dict, *, resume: bool, created: bool = False) 
                               f"continue that run, or choose another --output")
         prep.earlier = _check_resumable(path, document)
     except BaseException:
-        release(prep)
+        prep.release()
         raise
     prep.done = (path / DONE).exists()
     return prep
