@@ -71,9 +71,9 @@ class GLAAdapter:
             raise ValueError(f"{self.name}: the tokenizer has {len(self.tokenizer)} tokens but the "
                              f"model's vocab_size is {self.config.vocab_size} ({self.path / 'config.json'})")
         self.max_length = (max_length if max_length is not None
-                           else self._config_int(_MAX_LENGTH_KEYS))
+                           else config_tokens(self.path / "config.json", _MAX_LENGTH_KEYS))
         self.trained_length = (trained_length if trained_length is not None
-                               else self._config_int(("trained_length",)))
+                               else config_tokens(self.path / "config.json", ("trained_length",)))
         lazy = device in xla.KINDS  # XLA compiles every graph: always the bucketed shapes
         self.compiled = lazy if compile is None else bool(compile)
         if lazy and not self.compiled:
@@ -100,19 +100,6 @@ class GLAAdapter:
             raise ValueError(f"{self.name}: compile / device {device!r} runs models of GLA layers "
                              f"only; this one has {', '.join(sorted(set(self.config.mixers)))} "
                              f"layers (use device cpu or cuda, compile false)")
-
-    def _config_int(self, keys: Sequence[str]) -> int | None:
-        path = self.path / "config.json"
-        raw = json.loads(path.read_text())  # already parsed once by GLAConfig.from_json
-        for key in keys:
-            value = raw.get(key)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{path}: {key} must be a positive integer number of tokens, "
-                                 f"got {value!r}")
-            return value
-        return None  # max_position_embeddings is a default in every fla config, not a trained length
 
     @property
     def _dev(self) -> torch.device:
@@ -230,12 +217,29 @@ class GLAAdapter:
         return self.model.num_parameters()
 
 
-def describe_config(config: Path, state_dtype: str, max_length: int | None = None,
-                    n_tokens: int = 1) -> dict:
-    """`evalkit models` figures of a GLA config, without weights."""
+def config_tokens(config: Path, keys: Sequence[str]) -> int | None:
+    """The first of `keys` a config.json sets, a positive number of tokens (None: none set;
+    max_position_embeddings is a default in every fla config, not a trained length)."""
+    raw = json.loads(Path(config).read_text())
+    for key in keys:
+        value = raw.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{config}: {key} must be a positive integer number of tokens, "
+                             f"got {value!r}")
+        return value
+    return None
+
+
+def describe_config(config: Path, state_dtype: str, n_tokens: int = 1) -> dict:
+    """`evalkit models` figures of a GLA config, without weights: the lengths as a loaded
+    adapter reads them from the same file."""
     cfg = GLAConfig.from_json(config)
     return {"parameters": cfg.param_count(), "state_bytes": cfg.state_bytes(state_dtype, n_tokens),
-            "dtype": dtype_name(state_dtype), "max_length": max_length}
+            "dtype": dtype_name(state_dtype),
+            "max_length": config_tokens(config, _MAX_LENGTH_KEYS),
+            "trained_length": config_tokens(config, ("trained_length",))}
 
 
 def _load(name: str, path: str | None, options: dict) -> GLAAdapter:

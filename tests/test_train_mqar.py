@@ -99,3 +99,12 @@ def test_the_shipped_family_config_loads():
     fam = load_family("configs/train_mqar.yaml")
     sizes = {m.name: m for m in fam.models}
     assert {"mqar-gla-d64", "mqar-attn-d64"} <= set(sizes)
+
+
+def test_a_shipped_twin_is_described_as_it_loads():
+    """`evalkit models` reads a twin's lengths from the config.json its adapter reads."""
+    from evalkit.models import describe_model, load_model
+
+    row, adapter = describe_model("mqar-gla-d32"), load_model("mqar-gla-d32")
+    assert row["trained_length"] == adapter.trained_length == 256
+    assert row["max_length"] == adapter.max_length
