@@ -6,6 +6,7 @@ laughs"), and no evalkit file needs them. The file size is bounded for the same 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -71,4 +72,4 @@ def validation_message(where: str | os.PathLike, e: Any, prefix: str = "") -> st
 
 def repeated(values: Sequence[Any]) -> list:
     """The values that appear more than once, sorted (a config's names must be unique)."""
-    return sorted({v for v in values if list(values).count(v) > 1})
+    return sorted(v for v, n in Counter(values).items() if n > 1)

@@ -8,7 +8,8 @@ smollm2-135m
     is dequantised once to fp32 safetensors under
     `${EVALKIT_CACHE:-~/.cache/evalkit}/smollm2-135m-instruct/<first 16 hex of the gguf sha256>/`
     (built in a stage and swapped in, evalkit.owned_folder, so a half-written conversion is never
-    used; a changed gguf gets a new folder and stale ones are removed). Later loads read the safetensors.
+    used; a changed gguf gets a new folder and stale ones are removed). Later loads read the
+    safetensors.
 
 Memory-matched variants are options, not names: every softmax option of
 `evalkit.model_adapters.softmax.SoftmaxAdapter` passes through, so

@@ -115,8 +115,8 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
             chars = _num(r["effective_chars"], "{:,.0f}")
         rows.append([r["model_label"], r["task_label"], val, chars,
                      ", ".join(fmt_len(x) for x in tested)])
-    w(markdown_table(["model", "task", "effective length (tokens)", "≈ characters", "lengths tested"],
-                     rows) + "\n")
+    w(markdown_table(["model", "task", "effective length (tokens)", "≈ characters",
+                      "lengths tested"], rows) + "\n")
 
     # -- capacity knee --------------------------------------------------------------------
     w("## Capacity knee\n")
@@ -132,7 +132,8 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
                 r["censored"], f"{r['knee']:.3g}")
             rows.append([r["model_label"], r["task_label"], fmt_len(r["target_length"]), val,
                          ", ".join(f"{n}: {y:.2f}" for n, y in zip(loads, r["recall"]))])
-        w(markdown_table(["model", "task", "length (tok)", "knee (facts)", "recall by load"], rows) + "\n")
+        w(markdown_table(["model", "task", "length (tok)", "knee (facts)", "recall by load"],
+                         rows) + "\n")
 
     w(capacity_section(board))
 
@@ -258,8 +259,8 @@ def capacity_section(board: Board) -> str:
                             f"largest state's intervals {'do not overlap' if apart else 'overlap'}"
                             + (" (models past their trained length left out)."
                                if (recurrent & past).any() else "."))
-    out.append(markdown_table(["model", "state", "task", "length (tok)", "bytes held", "knee (facts)",
-                               "95 % interval", "n"], rows) + "\n")
+    out.append(markdown_table(["model", "state", "task", "length (tok)", "bytes held",
+                               "knee (facts)", "95 % interval", "n"], rows) + "\n")
     if verdicts:
         out.append("\n".join(verdicts) + "\n")
     return "\n".join(out)
@@ -343,6 +344,7 @@ def _provenance(board: Board, version: str) -> str:
     out.append(markdown_table(["model", "state", "identity hash", "identity"], rows) + "\n")
     rows = [[t, i["version"], f"`{i['config_hash'][:16]}`", i["primary_metric"], i["source"]]
             for t, i in sorted(board.tasks.items())]
-    out.append(markdown_table(["task", "version", "config hash", "primary metric", "source"], rows) + "\n")
+    out.append(markdown_table(["task", "version", "config hash", "primary metric", "source"],
+                              rows) + "\n")
     out.append(f"Published with evalkit {version}.\n")
     return "\n".join(out)

@@ -115,8 +115,7 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: LmEvalTasks, *, output_dir: 
             if folder:
                 meta["tokenizer"] = folder
         res = simple_evaluate(model=lm, tasks=tasks.names, task_manager=tasks.manager(meta),
-                              limit=limit,
-                              log_samples=log_samples, num_fewshot=num_fewshot,
+                              limit=limit, log_samples=log_samples, num_fewshot=num_fewshot,
                               gen_kwargs=gen_kwargs, apply_chat_template=apply_chat_template,
                               bootstrap_iters=bootstrap_iters, metadata=meta, **seeds)
         if res is None:  # not rank 0

@@ -248,7 +248,8 @@ def _run_lm_eval(resolved: ResolvedSuite, tasks: Any, path: Path) -> dict:
     suite = resolved.suite
     return provenance.jsonable(run_lm_eval_tasks(
         [m.spec for m in resolved.models], tasks,
-        output_dir=path / "lm_eval", limit=suite.limit, seed=suite.seed, log_samples=suite.log_samples,
+        output_dir=path / "lm_eval", limit=suite.limit, seed=suite.seed,
+        log_samples=suite.log_samples,
         model_options={m.spec: m.options for m in resolved.models},
         # RULER-style tasks size their data from these: the suite's lengths.
         max_seq_lengths=list(suite.lengths) if suite.lengths else None))

@@ -7,7 +7,8 @@ carries the member's recipe hash) is skipped, so the family can be trained in pa
 committed member by member; an interrupted run loses only the members it had not finished.
 Runs are processes, `jobs` at once with `threads` each (two 1-thread runs on 2 cores beat one
 2-thread run: a 64-wide model's matmuls scale poorly across threads). A member's final run
-starts as soon as its own sweep is done; a member with one rate (its own `lrs: [x]`, or a one-rate sweep) skips the sweep.
+starts as soon as its own sweep is done; a member with one rate (its own `lrs: [x]`, or a
+one-rate sweep) skips the sweep.
 """
 from __future__ import annotations
 
