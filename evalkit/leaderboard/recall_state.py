@@ -176,13 +176,20 @@ def recall_state_plot(points: pd.DataFrame, published: PublishedSet | None, path
     colors = model_colors(ours["model"].unique())
     fig = Figure(figsize=(7.4, 4.8), layout="constrained")
     ax = fig.subplots()
-    for _, r in ours.iterrows():
+    # a label goes below its point, or above when the point just before it (in state) is close
+    # in both bytes and accuracy and labelled below: neighbours' labels never run together
+    prev, below = None, True
+    for _, r in ours.sort_values("state_bytes").iterrows():
+        near = prev is not None and (r["state_bytes"] < 2.5 * prev["state_bytes"]
+                                     and abs(r["accuracy"] - prev["accuracy"]) < 0.03)
+        below = not (near and below)
+        prev = r
         yerr = [[r["accuracy"] - r["lo"]], [r["hi"] - r["accuracy"]]]
         ax.errorbar([r["state_bytes"]], [r["accuracy"]], yerr=yerr, capsize=3, ms=6,
                     fmt=_KIND_MARKER.get(r["state_kind"], "o"), color=colors[r["model"]],
                     label=f"{r['model']} ({r['state_kind']})", zorder=3)
         ax.annotate(r["model"], (r["state_bytes"], r["accuracy"]), textcoords="offset points",
-                    xytext=(5, -10), fontsize=6, color=colors[r["model"]])
+                    xytext=(5, -10 if below else 5), fontsize=6, color=colors[r["model"]])
     xs = list(ours["state_bytes"])
     for p in (published.points if published else ()):
         tag = f"{p.label} (published, arXiv {p.source})"
