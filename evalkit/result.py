@@ -31,9 +31,11 @@ class SampleResult:
     candidates: list[str] = field(default_factory=list)
     candidate_logprobs: list[float] = field(default_factory=list)
     scores: dict[str, float] = field(default_factory=dict)  # metric name -> value in [0, 1]
-    state_bytes: int = 0          # bytes of the recurrent state or KV cache at the question
+    state_bytes: int | None = 0   # None: unknown (a served model without a config); bytes of the recurrent state or KV cache at the question
     state_kind: str = ""          # "recurrent", "kv", "kv-window", "memory"
-    latency_s: float = 0.0
+    latency_s: float = 0.0        # a served model: the greedy request, sent to its last token
+    ttft_s: float | None = None   # a served model: to the first streamed token
+    queue_s: float | None = None  # a served model: from its scheduled send to a free slot
     error: str | None = None      # this sample failed; the run went on
     flag: str | None = None       # e.g. "over_length": not evaluated, never cut
 

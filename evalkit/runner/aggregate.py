@@ -79,7 +79,9 @@ def rows(samples: Iterable[SampleResult], tasks: dict[str, dict]) -> list[dict[s
                         for k in kinds},
             "prompt_tokens": math.fsum(s.prompt_tokens for s in cell) / len(cell),
             "prompt_chars": math.fsum(s.prompt_chars for s in cell) / len(cell),
-            "state_bytes": round(math.fsum(s.state_bytes for s in ok) / len(ok)) if ok else 0,
+            # None (unknown: a served model without a config), never a made-up 0
+            "state_bytes": (None if any(s.state_bytes is None for s in ok) else
+                            round(math.fsum(s.state_bytes for s in ok) / len(ok))) if ok else 0,
             "state_kind": next((s.state_kind for s in cell if s.state_kind), ""),
         })
     return out

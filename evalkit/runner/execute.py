@@ -80,8 +80,12 @@ def answer(run: ModelRun, item: Request, state: Any, *, consume: bool, feed: boo
         s = state if consume else model.fork(state)
         if feed:
             s = model.extend(s, list(item.question_ids))
-        sample.prediction = model.generate(s, run.max_new_tokens or q.max_new_tokens,
-                                           stop=list(run.stop))
+        timed = getattr(model, "generate_timed", None)  # a served model times its request
+        budget = run.max_new_tokens or q.max_new_tokens
+        if timed is not None:
+            sample.prediction, timing = timed(s, budget, stop=list(run.stop))
+        else:
+            sample.prediction, timing = model.generate(s, budget, stop=list(run.stop)), None
         logprobs = None
         if len(q.candidates) >= 2:
             conts = [continuation_ids(model.tokenizer, c) for c in q.candidates]
@@ -96,12 +100,18 @@ def answer(run: ModelRun, item: Request, state: Any, *, consume: bool, feed: boo
         parts = getattr(model, "state_parts", None)
         if parts is not None:  # kind and bytes as measured from this state's tensors
             measured = parts(s)
-            sample.state_bytes, sample.state_kind = int(measured.total), measured.kind
+            if measured is None:  # a served model without a config: unknown, never 0
+                sample.state_bytes, sample.state_kind = None, "unknown"
+            else:
+                sample.state_bytes, sample.state_kind = int(measured.total), measured.kind
         else:
             sample.state_bytes = int(model.state_bytes(s))
     except Exception as e:  # one bad sample must not end the run
-        sample = failed(run, item, e)
-    sample.latency_s = time.perf_counter() - t0
+        sample, timing = failed(run, item, e), None
+    if timing is not None:
+        sample.latency_s, sample.ttft_s = timing.latency_s, timing.ttft_s
+    else:
+        sample.latency_s = time.perf_counter() - t0
     return sample
 
 

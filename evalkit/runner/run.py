@@ -25,6 +25,7 @@ from evalkit.render import Rendered, render
 from evalkit.result import SampleResult
 from evalkit.runner import aggregate, distributed, provenance, rundir
 from evalkit.runner.cache import CacheError, SampleCache
+from evalkit.runner.concurrent import execute_concurrent
 from evalkit.runner.execute import ModelRun, base_sample, execute, failed
 from evalkit.runner.plan import Request, build_plan
 from evalkit.runner.suite import ResolvedModel, ResolvedSuite, ResolvedTask, SuiteConfig, SuiteError
@@ -191,7 +192,10 @@ class _Session:
                     bar.write(f"evalkit run: sample {s.probe_id} q{s.question} failed: {s.error}")
 
         try:
-            execute(run, plan, emit, batch_size=self.resolved.suite.batch_size)
+            if getattr(adapter, "concurrency", 1) > 1:  # a served model: requests in flight
+                execute_concurrent(run, plan, emit, adapter.concurrency)
+            else:
+                execute(run, plan, emit, batch_size=self.resolved.suite.batch_size)
         finally:
             if bar is not None:
                 bar.close()
