@@ -364,23 +364,20 @@ def _load_weights(cm: CostModel) -> nn.Module:
 # ---------------------------------------------------------------------------------------
 def resolve_config(spec: str) -> tuple[Path, Path | None]:
     """(config.json, weights folder or None) for a model spec."""
-    from evalkit.models import resolve_spec
+    from evalkit.models import config_file
 
-    path = Path(spec).expanduser()
-    if not path.exists():
-        info, rest = resolve_spec(spec)
-        if rest:
-            path = Path(rest).expanduser()
-        elif info.config is not None:
-            path = info.config
-        else:
-            raise CostError(f"model {spec!r} has no config without a checkpoint; pass a "
-                            f"config.json, a checkpoint folder or {spec}:PATH")
-    cfg = path / "config.json" if path.is_dir() else path
-    if not cfg.is_file():
-        raise FileNotFoundError(f"{spec}: no config file at {cfg}")
+    try:
+        cfg = config_file(spec)
+    except FileNotFoundError:
+        raise
+    except ValueError as e:
+        raise CostError(str(e)) from None
+    # weights only from a folder (given, or as NAME:PATH), never beside a named config file
+    given = Path(spec).expanduser()
+    folder_given = given.is_dir() or (not given.exists() and ":" in spec
+                                      and Path(spec.partition(":")[2]).expanduser().is_dir())
     folder = cfg.parent
-    has_weights = path.is_dir() and (any(folder.glob("*.safetensors"))
+    has_weights = folder_given and (any(folder.glob("*.safetensors"))
                                      or (folder / "model.safetensors.index.json").is_file())
     return cfg, (folder if has_weights else None)
 

@@ -130,6 +130,25 @@ def resolve_spec(spec: str) -> tuple[ModelInfo, str | None]:
     raise AssertionError("unreachable")
 
 
+def config_file(spec: str) -> Path:
+    """The config.json a spec names: a file, a checkpoint folder, NAME:PATH, or a registered
+    model's `config` (what `evalkit state` and `evalkit cost` read)."""
+    path = Path(spec).expanduser()
+    if not path.exists():
+        info, rest = resolve_spec(spec)
+        if rest:
+            path = Path(rest).expanduser()
+        elif info.config is not None:
+            path = info.config
+        else:
+            raise ValueError(f"model {spec!r} has no config without a checkpoint; pass a "
+                             f"config.json, a checkpoint folder or {spec}:PATH")
+    cfg = path / "config.json" if path.is_dir() else path
+    if not cfg.is_file():
+        raise FileNotFoundError(f"{spec}: no config file at {cfg}")
+    return cfg
+
+
 def option_types(info: ModelInfo) -> dict[str, Any] | None:
     """{option: its annotation (None when unknown)} for a model, or None when it takes any
     keyword (a factory with **options and no `options=` declaration)."""

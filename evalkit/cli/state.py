@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from evalkit.models import resolve_spec
+from evalkit.models import config_file
 from evalkit.probe import check_tokens
 
 
@@ -37,21 +37,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def resolve_config(spec: str) -> Path:
-    """The config.json a spec names: a file, a checkpoint folder, NAME:PATH, or a model's `config`."""
-    path = Path(spec).expanduser()
-    if not path.exists():
-        info, rest = resolve_spec(spec)
-        if rest:
-            path = Path(rest).expanduser()
-        elif info.config is not None:
-            path = info.config
-        else:
-            raise ValueError(f"model {spec!r} has no config without a checkpoint; pass a "
-                             f"config.json or {spec}:PATH")
-    cfg = path / "config.json" if path.is_dir() else path
-    if not cfg.is_file():
-        raise FileNotFoundError(f"{spec}: no config file at {cfg}")
-    return cfg
+    return config_file(spec)
 
 
 def figures(spec: str, context: int, dtype: str = "bf16", measure: bool | None = None) -> dict:
