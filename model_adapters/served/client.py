@@ -23,8 +23,9 @@ MAX_RETRIES = 20
 MAX_TIMEOUT_S = 3600.0
 
 
-class ServerError(RuntimeError):
-    """A request that failed after its retries, or a refusal no retry can fix (4xx)."""
+class ServerError(ConnectionError):
+    """A request that failed after its retries, or a refusal no retry can fix (4xx). A
+    ConnectionError, so the command line reports it as a failed environment: one line, exit 1."""
 
 
 def clean_url(url: str) -> str:
