@@ -44,7 +44,7 @@ class ServedAdapter:
                  tokenizer: str | None = None, config: str | None = None,
                  api_key_env: str | None = None, concurrency: int = 8,
                  timeout_s: float = 300.0, retries: int = 3, dtype: str = "fp32",
-                 name: str | None = None) -> None:
+                 name: str | None = None, max_length: int | None = None) -> None:
         from evalkit.model_adapters.dtypes import parse_dtype
         from evalkit.tokenization import load_tokenizer
 
@@ -68,6 +68,11 @@ class ServedAdapter:
         self.dtype = parse_dtype(dtype)
         self._vocab = len(self.tokenizer)
         self.served_model, self.max_length = self._find_model(model)
+        if max_length is not None:  # a lower limit than the server's: flag longer probes
+            if not 1 <= int(max_length) <= (self.max_length or int(max_length)):
+                raise ValueError(f"served: max_length={max_length}: expected 1..{self.max_length} "
+                                 f"(the server's max_model_len)")
+            self.max_length = int(max_length)
         self.trained_length = self._trained_length()
         self.server = self._server_version()
         self._fingerprint = None
@@ -277,7 +282,8 @@ def load_served(path: str | None, *, base_url: str | list[str] | None = None,
                 model: str | None = None, tokenizer: str | None = None,
                 config: str | None = None, api_key_env: str | None = None,
                 concurrency: int = 8, timeout_s: float = 300.0, retries: int = 3,
-                dtype: str = "fp32", name: str | None = None) -> ServedAdapter:
+                dtype: str = "fp32", name: str | None = None,
+                max_length: int | None = None) -> ServedAdapter:
     """`served:URL` (several: URL|URL) or `served` with base_url= (a URL or a list)."""
     if path and base_url:
         raise ValueError("served: give the URL once, as served:URL or as base_url=")
@@ -285,4 +291,4 @@ def load_served(path: str | None, *, base_url: str | list[str] | None = None,
         raise ValueError("served: needs a server: served:http://HOST:PORT/v1 or base_url=")
     return ServedAdapter(path or base_url, model=model, tokenizer=tokenizer, config=config,
                          api_key_env=api_key_env, concurrency=concurrency, timeout_s=timeout_s,
-                         retries=retries, dtype=dtype, name=name)
+                         retries=retries, dtype=dtype, name=name, max_length=max_length)
