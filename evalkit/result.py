@@ -36,6 +36,7 @@ class SampleResult:
     latency_s: float = 0.0        # a served model: the greedy request, sent to its last token
     ttft_s: float | None = None   # a served model: to the first streamed token
     queue_s: float | None = None  # a served model: from its scheduled send to a free slot
+    arrivals: str | None = None   # a served model under --arrivals: "poisson:2/s", "trace:F@sha"
     error: str | None = None      # this sample failed; the run went on
     flag: str | None = None       # e.g. "over_length": not evaluated, never cut
 

@@ -14,7 +14,7 @@ def test_effective_length_rules():
     def frame(model, recalls, ns=None):
         ns = ns or [4] * len(recalls)
         return pd.DataFrame({"model": model, "model_label": model, "model_hash": "h",
-                             "task": "t", "task_label": "t", "task_version": "1",
+                             "arrivals": "", "task": "t", "task_label": "t", "task_version": "1",
                              "task_config_hash": "c", "target_length": [128, 256, 512, 1024],
                              "recall": recalls, "n": ns, "prompt_chars": [500, 1000, 2000, 4000]})
     df = pd.concat([frame("a", [1.0, 0.9, 0.5, 0.95]),   # a later pass does not count

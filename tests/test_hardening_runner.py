@@ -315,7 +315,8 @@ def test_disk_full_mid_run_is_one_line_exit_1_and_resumable(tok_dir, tmp_path, c
 
     def full(fd):
         calls["n"] += 1
-        if calls["n"] == 5:  # config, manifest, provenance, entry 1, then entry 2
+        # config, manifest, provenance, provenance with the loaded model, entry 1, then entry 2
+        if calls["n"] == 6:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(fd)
 

@@ -79,6 +79,13 @@ def add_parser(sub) -> None:
                    help="continue a run (RUN_DIR, or the --output directory)")
     p.add_argument("--cache-dir", help="shared sample cache (default: RUN_DIR/cache)")
     p.add_argument("--lm-eval-tasks", type=csv_list(str), help="lm-eval task names to run as well")
+    p.add_argument("--arrivals", metavar="poisson:RATE|trace:FILE",
+                   help="send a served model's requests at these times (RATE requests per "
+                        "second, seeded; or offsets in seconds, one per line) instead of as "
+                        "fast as possible: recall and latency under load")
+    p.add_argument("--shard", metavar="I/N",
+                   help="run only the I-th of N disjoint parts of the suite's plan (one per "
+                        "machine); `evalkit publish` merges the N run folders")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -86,6 +93,12 @@ def add_parser(sub) -> None:
 def _absolute_paths(paths: list[str] | None) -> list[str]:
     return [str(Path(p).expanduser().resolve()) if Path(p).expanduser().exists() or p.endswith(".py")
             else p for p in paths or []]
+
+
+def _absolute_trace(text: str | None) -> str | None:
+    if text and text.startswith("trace:"):
+        return "trace:" + str(Path(text[6:]).expanduser().resolve())
+    return text
 
 
 def build_suite(args) -> tuple[SuiteConfig, str, str | None]:
@@ -124,10 +137,26 @@ def build_suite(args) -> tuple[SuiteConfig, str, str | None]:
         "batch_size": args.batch_size, "threads": args.threads, "log_samples": args.log_samples,
         "cache_dir": str(Path(args.cache_dir).resolve()) if args.cache_dir else None,
         "lm_eval_tasks": args.lm_eval_tasks,
+        "arrivals": _absolute_trace(args.arrivals),
     }
     if any(v is not None for v in changes.values()):
         suite = override(suite, "command line", **changes)
     return suite, source, resume_dir
+
+
+def _shard(args, resume_dir: str | None):
+    """--shard I/N; a resume without it keeps the shard its config.json records."""
+    from evalkit.runner import shard
+
+    try:
+        if args.shard is not None:
+            return shard.parse(args.shard)
+        if resume_dir and (Path(resume_dir) / rundir.CONFIG).is_file():
+            where = str(Path(resume_dir) / rundir.CONFIG)
+            return shard.from_dict(rundir.stored_config(Path(resume_dir)).get("shard"), where)
+    except ValueError as e:
+        raise SuiteError(str(e)) from None
+    return shard.WHOLE
 
 
 def _raise_interrupt(signum, frame):
@@ -139,13 +168,15 @@ def run(args) -> int:
 
     suite, source, resume_dir = build_suite(args)
     resolved = resolve(suite, source)
+    part = _shard(args, resume_dir)
     # SIGTERM (kill, a batch scheduler, torchrun) stops the run the way Ctrl-C does.
     old = None
     if threading.current_thread() is threading.main_thread():
         old = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         out = run_suite(resolved, output=resume_dir or args.output, resume=resume_dir is not None,
-                        runs_root=args.runs_dir, progress=not args.no_progress, argv=sys.argv)
+                        runs_root=args.runs_dir, progress=not args.no_progress, argv=sys.argv,
+                        shard=part)
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
@@ -166,6 +197,9 @@ def run(args) -> int:
         print(f"evalkit run: lm-eval results in {out.run_dir}/lm_eval/ "
               f"(and under 'lm_eval' in results.json)")
     print(f"evalkit run: wrote {out.run_dir}/results.json and samples.jsonl")
+    if part.count > 1:
+        print(f"evalkit run: this is shard {part} of config {resolved.config_hash[:12]}: "
+              f"publish it with the other {part.count - 1} (`evalkit publish DIR...`)")
     if out.failed:
         print(f"evalkit run: {out.failed} samples failed (see 'error' in samples.jsonl); "
               f"exit status 1", file=sys.stderr)

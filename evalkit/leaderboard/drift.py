@@ -189,6 +189,10 @@ def compare_sides(a: Side, b: Side, metric: str, n_boot: int, seed: int) -> dict
     for pkg in sorted(set(pa) | set(pb)):
         if pa.get(pkg) != pb.get(pkg):
             settings[f"package {pkg}"] = [pa.get(pkg), pb.get(pkg)]
+    loads = [sorted({str(r.get("arrivals") or "none") for r in side.samples.values()})
+             for side in (a, b)]
+    if loads[0] != loads[1]:  # a loaded run against an unloaded one (batching is not exact)
+        settings["arrivals"] = [", ".join(x) for x in loads]
     check_same_samples(a, b)
     by_task: dict[str, list[tuple[dict, dict]]] = {}
     changes, unscored = [], []

@@ -17,6 +17,7 @@ import pandas as pd
 from evalkit import scoring
 from evalkit.result import SampleResult
 from evalkit.runner.rundir import check_output_sums
+from evalkit.runner.shard import WHOLE, Shard, from_dict as shard_from_dict
 
 RUN_FILES = ("results.json", "samples.jsonl", "DONE")
 _SAMPLE_FIELDS = tuple(SampleResult.__dataclass_fields__)
@@ -37,6 +38,7 @@ class Run:
     models: dict[str, dict[str, Any]]   # name -> identity (incl. "hash")
     tasks: dict[str, dict[str, Any]]    # name -> {"version", "config_hash", "source"}
     samples: pd.DataFrame = field(repr=False)
+    shard: Shard = WHOLE                # a part of a suite run with --shard I/N
 
 
 def _is_run(path: Path) -> bool:
@@ -143,13 +145,16 @@ def load_run(path: str | Path) -> Run:
     if not rows:
         raise ValueError(f"{spath}: no samples")
     df = _frame(rows, spath, tasks)
+    # served models' latencies are a deployment's (the board shows their percentiles)
+    df["served"] = df["model"].map(lambda m: (models.get(m) or {}).get("kind") == "served")
     df["run_id"] = run_id
     df["run_created"] = created
     df["run_dir"] = str(path)
     return Run(path=path, run_id=run_id, created=created,
                evalkit_version=str(res.get("evalkit_version", "")),
                config_hash=str(res.get("config_hash", "")), provenance=provenance or {},
-               models=models, tasks=tasks, samples=df)
+               models=models, tasks=tasks, samples=df,
+               shard=shard_from_dict(res.get("shard"), str(rpath)))
 
 
 def _frame(rows: list[dict], spath: Path, tasks: dict[str, dict]) -> pd.DataFrame:
@@ -175,6 +180,7 @@ def _frame(rows: list[dict], spath: Path, tasks: dict[str, dict]) -> pd.DataFram
         flat.append(d)
     df = pd.DataFrame(flat)
     df["depth"] = df["depth"].astype(float)
+    df["arrivals"] = df["arrivals"].fillna("").astype(str)  # "": sent as fast as possible
     for c in ("target_length", "load", "question", "seed"):
         df[c] = df[c].astype("int64")
     # Sizes may be absent on a sample that failed before its prompt was built.

@@ -15,7 +15,7 @@ import pandas as pd
 
 from evalkit.leaderboard.load import Run
 
-MODEL_KEY = ["model", "model_hash"]
+MODEL_KEY = ["model", "model_hash", "arrivals"]  # a served model under load is its own row
 TASK_KEY = ["task", "task_version", "task_config_hash"]
 GRID_KEY = ["target_length", "depth", "load"]
 CELL_KEY = MODEL_KEY + TASK_KEY + GRID_KEY
@@ -66,11 +66,12 @@ def merge_runs(runs: list[Run]) -> Merged:
 
 
 def add_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """Display names: the plain name unless two identities share it, then name@hash."""
+    """Display names: the plain name unless two identities share it, then name@hash; a served
+    model under --arrivals adds the load ("vllm @ poisson:2/s")."""
     df = df.copy()
     n_hash = df.groupby("model")["model_hash"].nunique()
-    df["model_label"] = [m if n_hash[m] == 1 else f"{m}@{h[:8]}"
-                         for m, h in zip(df["model"], df["model_hash"])]
+    df["model_label"] = [(m if n_hash[m] == 1 else f"{m}@{h[:8]}") + (f" @ {a}" if a else "")
+                         for m, h, a in zip(df["model"], df["model_hash"], df["arrivals"])]
     n_cfg = df.drop_duplicates(TASK_KEY).groupby("task").size()
     df["task_label"] = [t if n_cfg[t] == 1 else f"{t} v{v}@{c[:8]}"
                         for t, v, c in zip(df["task"], df["task_version"], df["task_config_hash"])]

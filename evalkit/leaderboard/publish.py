@@ -29,6 +29,7 @@ from evalkit.leaderboard.board import Board, Options, build, records
 from evalkit.leaderboard.derived import KNEE_LEVEL
 from evalkit.leaderboard.drift import read_report, summary_rows, to_json
 from evalkit.leaderboard.load import expand_run_dirs, load_run
+from evalkit.leaderboard.shards import combine_shards
 from evalkit.leaderboard.page import render_page
 from evalkit.leaderboard.readme import render_readme
 
@@ -74,6 +75,7 @@ def publish(run_dirs: Sequence[str | os.PathLike], to: str | os.PathLike,
         raise ValueError(f"--to {to}: give a leaderboard folder, not the current or root folder")
     check_target(target)
     runs = [load_run(p) for p in expand_run_dirs(run_dirs)]  # fail before touching anything
+    runs = combine_shards(runs)  # the N parts of a --shard run as one
     board = build(runs, options)
     drift = [(str(d), read_report(d)) for d in compare]
     try:

@@ -10,6 +10,7 @@ from evalkit import scoring
 from evalkit.leaderboard import derived, recall_state
 from evalkit.leaderboard.board import Board
 from evalkit.leaderboard.drift import summary_rows, summary_table
+from evalkit.leaderboard.served import served_section
 from evalkit.leaderboard.tables import beyond_trained
 from evalkit.formatting import fmt_bytes, fmt_len, markdown_table
 
@@ -102,6 +103,10 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
         w(markdown_table(["model"] + _len_header(lengths), _pivot(
                      g, lengths, lambda r: f"{_num(r['prompt_tokens'], '{:,.0f}')} / "
                                            f"{_num(r['prompt_chars'], '{:,.0f}')}")) + "\n")
+
+    served = served_section(board.samples)
+    if served:
+        w(served)
 
     # -- effective length ---------------------------------------------------------------------
     w(f"## Effective length (threshold {o.threshold:g})\n")

@@ -21,8 +21,9 @@ from evalkit.leaderboard.merge import CELL_KEY, GRID_KEY
 
 NAN = float("nan")
 PER_PROBE = "recall_per_probe"  # with_primary: is the sample's primary metric per_probe?
-ROW_ID = ["model", "model_label", "model_hash", "task", "task_label", "task_version",
+ROW_ID = ["model", "model_label", "model_hash", "arrivals", "task", "task_label", "task_version",
           "task_config_hash"]
+LATENCY_QUANTILES = (50, 95, 99)  # latency_p50_s ...: served models' scored samples
 
 
 def _mean_stderr(g: pd.DataFrame, metric: str) -> tuple[float, float]:
@@ -57,6 +58,9 @@ def aggregate(samples: pd.DataFrame, by: Sequence[str],
                    prompt_chars=float(g["prompt_chars"].mean()),
                    state_bytes=float(s["state_bytes"].mean()),
                    state_kind=",".join(sorted(set(g["state_kind"].dropna()))))
+        lat = s.loc[s["served"], "latency_s"].astype(float) if "served" in s else []
+        for q in LATENCY_QUANTILES:  # request to last token; empty for in-process models
+            row[f"latency_p{q}_s"] = float(np.percentile(lat, q)) if len(lat) else NAN
         for m in metrics:
             row[m], row[f"{m}_stderr"] = _mean_stderr(s, m)
         out.append(row)
@@ -72,7 +76,8 @@ def cell_rows(samples: pd.DataFrame) -> pd.DataFrame:
     rows = rows.merge(src, on=CELL_KEY, how="left")
     rows["run_created"] = rows["run_created"].map(lambda t: t.isoformat())
     front = ROW_ID + ["run_id", "run_created"] + GRID_KEY + [
-        "n", "n_failed", "n_flagged", "prompt_tokens", "prompt_chars", "state_bytes", "state_kind"]
+        "n", "n_failed", "n_flagged", "prompt_tokens", "prompt_chars", "state_bytes", "state_kind",
+        *(f"latency_p{q}_s" for q in LATENCY_QUANTILES)]
     return rows[front + [c for c in rows.columns if c not in front]]
 
 

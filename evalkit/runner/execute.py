@@ -34,6 +34,7 @@ class ModelRun:
     state_kind: str
     stop: tuple[str, ...] = ANSWER_STOP
     max_new_tokens: int | None = None  # overrides each question's own budget when set
+    arrivals: str | None = None        # the load it is answered under (Arrivals.label)
 
 
 def prompt_chars(item: Request) -> int:
@@ -54,7 +55,7 @@ def base_sample(run: ModelRun, item: Request, prompt_tokens: int | None = None) 
         prompt_tokens=item.prompt_tokens if prompt_tokens is None else prompt_tokens,
         prompt_chars=prompt_chars(item), depth=p.meta.depth, load=p.meta.load,
         distance=q.distance, seed=p.meta.seed, prediction=None, gold=list(q.gold),
-        candidates=list(q.candidates), state_kind=run.state_kind)
+        candidates=list(q.candidates), state_kind=run.state_kind, arrivals=run.arrivals)
 
 
 def error_text(e: BaseException) -> str:

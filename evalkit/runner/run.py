@@ -1,7 +1,7 @@
 """The run loop: for each model, for each task, generate probes, plan, execute, record.
 
     probes (per tokenizer) -> items (one per question) -> over-length? flag : plan
-    plan units, sharded over ranks -> cached? reuse : execute -> cache -> gather on rank 0
+    plan units (this --shard's part), sharded over ranks -> cached? reuse : execute -> cache -> gather on rank 0
     rank 0: sort samples in suite order -> aggregate -> write the run directory, DONE last
 
 A KeyboardInterrupt (Ctrl-C, or SIGTERM via evalkit run) stops the loop between two samples:
@@ -24,6 +24,7 @@ from evalkit.probe import Probe, canonical_json
 from evalkit.render import Rendered, render
 from evalkit.result import SampleResult
 from evalkit.runner import aggregate, distributed, provenance, rundir
+from evalkit.runner import shard as shards
 from evalkit.runner.cache import CacheError, SampleCache
 from evalkit.runner.concurrent import execute_concurrent
 from evalkit.runner.execute import ModelRun, base_sample, execute, failed
@@ -49,16 +50,25 @@ class RunOutcome:
 
 
 def _generation_key(run: ModelRun) -> dict:
-    return {"stop": list(run.stop), "max_new_tokens": run.max_new_tokens, "decoding": "greedy",
-            "forced_choice": "sum-logprob, ' ' + candidate"}
+    key = {"stop": list(run.stop), "max_new_tokens": run.max_new_tokens, "decoding": "greedy",
+           "forced_choice": "sum-logprob, ' ' + candidate"}
+    if run.arrivals is not None:  # a sample answered under load is not an unloaded one
+        key["arrivals"] = run.arrivals
+    return key
 
 
 class _Session:
     """State of one invocation on one rank."""
 
     def __init__(self, resolved: ResolvedSuite, path: Path, cache: SampleCache,
-                 dist: distributed.Dist, progress: bool, lm_eval_tasks: Any = None) -> None:
+                 dist: distributed.Dist, progress: bool, lm_eval_tasks: Any = None,
+                 shard: shards.Shard = shards.WHOLE, earlier: dict | None = None) -> None:
         self.resolved, self.path, self.cache, self.dist = resolved, path, cache, dist
+        self.shard = shard
+        # a resumed run's models as they loaded before: a model whose identity changed since
+        # (other weights, another served model) is refused, not silently evaluated afresh
+        self.earlier_models: dict[str, dict] = dict((earlier or {}).get("models") or {})
+        self.on_model: Any = None  # called with the models loaded so far (the start record)
         self.lm_eval_tasks = lm_eval_tasks                # LmEvalTasks on rank 0 when asked for
         self.progress = progress and dist.is_main
         self.samples: list[tuple[tuple, dict]] = []   # (sort key, SampleResult dict)
@@ -85,6 +95,7 @@ class _Session:
         # the adapter's kind, measured from its cache at load (hf adapters), never the
         # registry's static state_kind; each sample then records its own measured state
         kind = str(adapter.state_kind)
+        self._check_same_as_before(m, identity, mhash)
         same = [n for n, d in self.models.items() if d["hash"] == mhash]
         if same:
             raise SuiteError(f"{self.resolved.source}: models {same[0]!r} and {m.name!r} are the "
@@ -95,15 +106,38 @@ class _Session:
                                "max_length": adapter.max_length,
                                "trained_length": adapter.trained_length,
                                **({"published": m.published} if m.published else {})}
+        if self.on_model is not None:
+            self.on_model({**self.earlier_models, **self.models})
         gen = self.resolved.suite.generation
-        run = ModelRun(adapter, m.name, mhash, kind, tuple(gen.stop), gen.max_new_tokens)
+        arrivals = self.resolved.arrivals
+        run = ModelRun(adapter, m.name, mhash, kind, tuple(gen.stop), gen.max_new_tokens,
+                       arrivals.label if arrivals is not None else None)
         torch.manual_seed(self.resolved.suite.seed)
         for task in self.resolved.tasks:  # every grid problem surfaces before any evaluation
-            self.probes_for(task, adapter.tokenizer)
+            probes = self.probes_for(task, adapter.tokenizer)
+            if arrivals is not None:  # a trace too short for a pair's requests: refused now
+                try:
+                    arrivals.offsets(sum(len(p.questions) for p in probes), seed=0, key="")
+                except ValueError as e:
+                    raise SuiteError(f"task {task.name!r}: {e}") from None
         for ti, task in enumerate(self.resolved.tasks):
             self.run_pair(run, mi, ti, task)
         del run, adapter
         gc.collect()
+
+    def _check_same_as_before(self, m: ResolvedModel, identity: dict, mhash: str) -> None:
+        before = self.earlier_models.get(m.name)
+        if not isinstance(before, dict) or before.get("hash") in (None, mhash):
+            return
+        skip = {"hash", "spec", "options", "state_kind", "max_length", "trained_length",
+                "published"}
+        fields = sorted(k for k in (set(identity) | set(before)) - skip
+                        if identity.get(k) != before.get(k))
+        shown = "; ".join(f"{k}: {_short(before.get(k))} -> {_short(identity.get(k))}"
+                          for k in fields[:4]) or "its identity hash"
+        raise SuiteError(f"cannot resume {self.path}: model {m.name!r} ({m.spec}) is not the "
+                         f"model this run started with ({shown}); its finished samples would "
+                         f"mix two models. Start a new run (another --output) for this one")
 
     def _check_lengths(self, mi: int, name: str, max_len: int | None) -> None:
         """Refuse a target length beyond every model's maximum before building its probes
@@ -157,10 +191,12 @@ class _Session:
                     items.append(item)
 
         full = build_plan(items)  # the same on every rank: global prefill statistics
+        if self.shard.count > 1:  # this shard's part (a shared prefix never straddles two)
+            full = build_plan([it for u in self.shard.take(full.units) for it in u.items()])
         self.pairs.append({"model": run.name, "task": task.name,
                            "tokens_prefilled": full.tokens_prefilled,
                            "prompt_tokens": full.prompt_tokens, "questions": full.n_items})
-        for order, s in dist.shard(direct):
+        for order, s in dist.shard(self.shard.take(direct)):
             self.samples.append((order, s.to_dict()))
 
         gen_key = _generation_key(run)
@@ -191,8 +227,12 @@ class _Session:
                 if s.error is not None:
                     bar.write(f"evalkit run: sample {s.probe_id} q{s.question} failed: {s.error}")
 
+        arrivals = self.resolved.arrivals
         try:
-            if getattr(adapter, "concurrency", 1) > 1:  # a served model: requests in flight
+            if arrivals is not None:  # a load test: each request sent at its due time
+                due = arrivals.offsets(plan.n_items, seed=self.resolved.suite.seed, key=task.name)
+                execute_concurrent(run, plan, emit, adapter.concurrency, due)
+            elif getattr(adapter, "concurrency", 1) > 1:  # a served model: requests in flight
                 execute_concurrent(run, plan, emit, adapter.concurrency)
             else:
                 execute(run, plan, emit, batch_size=self.resolved.suite.batch_size)
@@ -228,6 +268,11 @@ def _torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
+def _short(v: Any) -> str:
+    text = canonical_json(v) if not isinstance(v, str) else v
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _bar(total: int, desc: str, enabled: bool):
     if not enabled:
         return None
@@ -261,14 +306,18 @@ def _run_lm_eval(resolved: ResolvedSuite, tasks: Any, path: Path) -> dict:
 
 def run_suite(resolved: ResolvedSuite, *, output: str | Path | None = None, resume: bool = False,
               runs_root: str | Path = "runs", progress: bool = True,
-              argv: list[str] | None = None) -> RunOutcome:
+              argv: list[str] | None = None, shard: shards.Shard = shards.WHOLE) -> RunOutcome:
     """Run (or resume) `resolved` into a run directory. Under torchrun, every rank calls this;
-    rank 0 writes. Raises ValueError subclasses for bad input before any work is done."""
+    rank 0 writes. `shard`: only that part of the plan (evalkit.runner.shard). Raises
+    ValueError subclasses for bad input before any work is done."""
     dist = distributed.setup()
     t0, started = time.perf_counter(), provenance.utc_now()
     suite = resolved.suite
 
     check_distinct_models(resolved)
+    if shard.count > 1 and suite.lm_eval_tasks:
+        raise SuiteError(f"--shard {shard}: lm-eval tasks are not split into shards; run "
+                         f"--lm-eval-tasks in a run without --shard")
     lm_eval_tasks = None
     if suite.lm_eval_tasks and dist.is_main:
         from evalkit.lm_eval.run import LmEvalTasks  # lazy: lm-eval is heavy to import
@@ -278,8 +327,10 @@ def run_suite(resolved: ResolvedSuite, *, output: str | Path | None = None, resu
         except ValueError as e:
             raise SuiteError(f"--lm-eval-tasks: {e}") from e
 
-    path, earlier, done, prep = _open_folder(resolved, output, runs_root, resume, dist)
-    session = _Session(resolved, path, _cache(suite, path), dist, progress, lm_eval_tasks)
+    document = {**resolved.document(), **({"shard": shard.as_dict()} if shard.count > 1 else {})}
+    path, earlier, done, prep = _open_folder(resolved, document, output, runs_root, resume, dist)
+    session = _Session(resolved, path, _cache(suite, path), dist, progress, lm_eval_tasks,
+                       shard, earlier)
     try:
         outcome = _run(session, earlier, done, argv, t0, started)
     except BaseException:
@@ -295,8 +346,8 @@ def _cache(suite: SuiteConfig, path: Path) -> SampleCache:
     return SampleCache(Path(suite.cache_dir) if suite.cache_dir else path / rundir.CACHE)
 
 
-def _open_folder(resolved: ResolvedSuite, output: str | Path | None, runs_root: str | Path,
-                 resume: bool, dist: distributed.Dist
+def _open_folder(resolved: ResolvedSuite, document: dict, output: str | Path | None,
+                 runs_root: str | Path, resume: bool, dist: distributed.Dist
                  ) -> tuple[Path, dict | None, bool, rundir.RunFolder | None]:
     """Rank 0 creates (or checks) and locks the run directory and its cache; every rank learns
     the outcome, a refusal as the same exception, so it ends all ranks instead of leaving them
@@ -311,7 +362,7 @@ def _open_folder(resolved: ResolvedSuite, output: str | Path | None, runs_root: 
                 path = Path(output)
             else:
                 path = made = rundir.new_run_dir(Path(runs_root), resolved.config_hash)
-            prep = rundir.prepare(path, resolved.document(), resume=resume, created=made is not None)
+            prep = rundir.prepare(path, document, resume=resume, created=made is not None)
             _cache(resolved.suite, path)  # a cache that cannot be used is refused here
             got = (str(path), prep.earlier, prep.done)
         except (rundir.RunDirError, CacheError) as e:
@@ -334,10 +385,14 @@ def _run(session: _Session, earlier: dict | None, done: bool, argv: list[str] | 
     first_start = (earlier or {}).get("started") or started
     resumed = list((earlier or {}).get("resumed", [])) + ([started] if earlier is not None else [])
     tasks = _task_info(resolved)
-    if dist.is_main and not done:  # a finished run's provenance stays until it is rewritten
+    def record_start(models: dict) -> None:
         rundir.write_start(path, provenance.collect(
-            config_hash=resolved.config_hash, seed=suite.seed, models={}, tasks=tasks,
+            config_hash=resolved.config_hash, seed=suite.seed, models=models, tasks=tasks,
             started=first_start, resumed=resumed))
+
+    if dist.is_main and not done:  # a finished run's provenance stays until it is rewritten
+        record_start(dict(session.earlier_models))
+        session.on_model = record_start  # each model's identity as it loads: checked on resume
 
     outcome = RunOutcome(path, rank=dist.rank)
     try:
@@ -381,6 +436,8 @@ def _run(session: _Session, earlier: dict | None, done: bool, argv: list[str] | 
         run_id=path.name, version=__version__, created=finished,
         config_hash=resolved.config_hash, provenance=prov, models=session.models, tasks=tasks,
         samples=samples, prefill=prefill, suite=suite.name)
+    if session.shard.count > 1:  # a part: `evalkit publish` merges all N (leaderboard.shards)
+        results["shard"] = session.shard.as_dict()
     if session.lm_eval_tasks is not None:
         results["lm_eval"] = _run_lm_eval(resolved, session.lm_eval_tasks, path)
     totals = {k: sum(p[k] for p in gathered) for k in ("cached", "computed", "tokens_run")}

@@ -184,6 +184,11 @@ def _check_resumable(path: Path, document: dict) -> dict:
             f"{document['config_hash'][:12]} (differs in: {', '.join(keys) or 'unknown'}). "
             f"Resume with the same settings (`evalkit run --resume {path}` alone reuses its "
             f"config.json), or start a new run.")
+    if stored.get("shard") != document.get("shard"):
+        show = lambda d: "{index}/{count}".format(**d) if isinstance(d, dict) else "the whole suite"
+        raise RunDirError(f"cannot resume {path}: it runs shard {show(stored.get('shard'))}, "
+                          f"this is {show(document.get('shard'))} (`evalkit run --resume "
+                          f"{path}` alone keeps its shard)")
     return read_json(path / PROVENANCE) or {}
 
 

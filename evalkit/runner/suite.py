@@ -20,6 +20,7 @@ naming the file, the key and the expected type.
     seed: 0
     batch_size: 1
     threads: null                  # torch CPU threads (default: torch's; 1 helps on busy cores)
+    arrivals: null                 # served models only: poisson:RATE or trace:FILE (a load test)
     include: [my_tasks/]           # extra task folders, relative to this file
     plugins: [my_adapter.py]       # Python files/modules that register models, ditto
 
@@ -134,6 +135,7 @@ class SuiteConfig(Grid):
     cache_dir: str | None = None
     generation: Generation = Generation()
     lm_eval_tasks: tuple[str, ...] = ()
+    arrivals: str | None = None  # evalkit.runner.arrivals: when served requests are sent
 
     @field_validator("models", "tasks", mode="before")
     @classmethod
@@ -180,8 +182,12 @@ def load_suite(path: str | os.PathLike) -> SuiteConfig:
     path = Path(path)
     suite = validate(read_yaml(path, SuiteError, "suite config"), str(path))
     base = path.resolve().parent
+    arrivals = suite.arrivals
+    if arrivals and arrivals.startswith("trace:"):  # a trace file is relative to this file
+        arrivals = "trace:" + str((base / Path(arrivals[6:]).expanduser()).resolve())
     return suite.model_copy(update={"include": _absolute(suite.include, base),
-                                    "plugins": _absolute(suite.plugins, base)})
+                                    "plugins": _absolute(suite.plugins, base),
+                                    "arrivals": arrivals})
 
 
 def override(suite: SuiteConfig, where: str, **changes: Any) -> SuiteConfig:
@@ -234,6 +240,7 @@ class ResolvedSuite:
     tasks: tuple[ResolvedTask, ...]
     config: dict                  # everything that changes results; hashed
     config_hash: str
+    arrivals: Any = None          # evalkit.runner.arrivals.Arrivals, or None: as fast as possible
 
     def document(self) -> dict:
         """config.json: the suite as given (paths absolute), its resolution and hash."""
@@ -402,5 +409,28 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
         "generation": suite.generation.model_dump(mode="json"),
         "lm_eval_tasks": list(suite.lm_eval_tasks),
     }
+    arrivals = _arrivals(suite.arrivals, models, source)
+    if arrivals is not None:  # only when set: every other config keeps its hash
+        config["arrivals"] = arrivals.config()
     digest = hashlib.sha256(canonical_json(config).encode()).hexdigest()
-    return ResolvedSuite(suite, source, tuple(models), tuple(tasks), config, digest)
+    return ResolvedSuite(suite, source, tuple(models), tuple(tasks), config, digest, arrivals)
+
+
+def _arrivals(text: str | None, models: Sequence[ResolvedModel], source: str):
+    """The parsed schedule; every model must be served (a load test of this process's own
+    model would measure the test, not a deployment)."""
+    if text is None:
+        return None
+    from evalkit.models import resolve_spec
+    from evalkit.runner.arrivals import parse
+
+    try:
+        arrivals = parse(text, f"{source}: key 'arrivals'")
+    except ValueError as e:
+        raise SuiteError(str(e)) from None
+    local = [m.name for m in models if resolve_spec(m.spec)[0].kind != "served"]
+    if local:
+        raise SuiteError(f"{source}: key 'arrivals': {', '.join(map(repr, local))} run in this "
+                         f"process; arrivals load a server (served:URL models). Evaluate "
+                         f"in-process models in a run without arrivals")
+    return arrivals

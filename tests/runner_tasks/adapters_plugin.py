@@ -3,10 +3,14 @@
 - slow-oracle: the oracle, sleeping `delay` seconds per generation (a run long enough to kill).
 - broken-oracle: the oracle, raising on chosen generate / extend calls (1-based call numbers).
 - recording-oracle: the oracle, logging every prefill/extend/fork call.
+- weighted-oracle: the oracle whose identity holds the sha256 of a `weights` file (a checkpoint
+  that can change under a run, as a served model's can).
 """
 from __future__ import annotations
 
+import hashlib
 import time
+from pathlib import Path
 
 from evalkit.model_adapters.reference import InductionAdapter, MemoryState
 from evalkit.models import MODELS, register_model
@@ -62,6 +66,15 @@ class RecordingOracle(InductionAdapter):
         return super().fork(state)
 
 
+class WeightedOracle(InductionAdapter):
+    def __init__(self, *a, weights: str, **k):
+        super().__init__(*a, **k)
+        self.weights_hash = hashlib.sha256(Path(weights).read_bytes()).hexdigest()
+
+    def identity(self):
+        return {**super().identity(), "weights_hash": self.weights_hash}
+
+
 def _declare(cls, name):
     def make(path, *, tokenizer, **options):
         return cls(name, load_tokenizer(tokenizer), **options)
@@ -70,6 +83,6 @@ def _declare(cls, name):
 
 
 for _name, _cls in (("slow-oracle", SlowOracle), ("broken-oracle", BrokenOracle),
-                    ("recording-oracle", RecordingOracle)):
+                    ("recording-oracle", RecordingOracle), ("weighted-oracle", WeightedOracle)):
     if _name not in MODELS:  # the plugin may be imported by several runs in one process
         _declare(_cls, _name)

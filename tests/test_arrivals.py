@@ -1,0 +1,113 @@
+"""--arrivals: schedules are pure functions of (arrivals, seed, task), bad input is refused by
+name, and the request loop sends each request when it is due, recording its queue wait.
+(Against a real vLLM server: tests/test_arrivals_vllm.py.)"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from evalkit.runner import arrivals
+from evalkit.runner.concurrent import execute_concurrent
+from evalkit.runner.execute import ModelRun
+from evalkit.runner.plan import build_plan
+from evalkit.runner.suite import SuiteError, resolve, validate
+from test_runner_plan import items_of, tok, tok_dir, toy_probes  # noqa: F401 (fixtures)
+from runner_support import suite_dict
+
+
+def test_poisson_is_seeded_and_has_its_rate():
+    a = arrivals.parse("poisson:4")
+    t = a.offsets(4000, seed=0, key="needle")
+    assert t == a.offsets(4000, seed=0, key="needle")
+    assert t != a.offsets(4000, seed=1, key="needle") != a.offsets(4000, seed=0, key="kv")
+    assert t[0] == 0.0 and all(np.diff(t) >= 0)
+    assert abs(np.mean(np.diff(t)) - 0.25) < 0.02  # 4 requests per second
+    assert a.label == "poisson:4/s" and a.config() == {"kind": "poisson", "rate": 4.0}
+
+
+@pytest.mark.parametrize("text, why", [
+    ("poisson:0", "RATE should be requests per second"), ("poisson:-1", "RATE should be"),
+    ("poisson:abc", "RATE should be"), ("poisson:1e9", "RATE should be"),
+    ("poisson:nan", "RATE should be"), ("poisson", "expected poisson:RATE"),
+    ("burst:3", "expected poisson:RATE"), ("trace:", "expected poisson:RATE")])
+def test_bad_arrivals_are_refused(text, why):
+    with pytest.raises(ValueError, match=why):
+        arrivals.parse(text)
+
+
+@pytest.mark.parametrize("body, why", [
+    ("0\n1\nx\n", r":3: 'x' is not an offset"), ("0\n2\n1\n", r":3: offset 1 is before"),
+    ("0\n-1\n", r":2: offset -1 should be seconds"), ("0\ninf\n", r":2: offset inf should be"),
+    ("# only a comment\n\n", "no offsets"), ("1e9\n", "should be seconds")])
+def test_bad_traces_are_refused_by_line(tmp_path, body, why):
+    f = tmp_path / "trace.txt"
+    f.write_text(body)
+    with pytest.raises(ValueError, match=why):
+        arrivals.parse(f"trace:{f}")
+
+
+def test_trace_offsets_and_a_short_trace(tmp_path):
+    f = tmp_path / "trace.txt"
+    f.write_text("0\n0.5  # a burst\n0.5\n2\n")
+    a = arrivals.parse(f"trace:{f}")
+    assert a.offsets(3, seed=0, key="x") == [0.0, 0.5, 0.5]
+    assert a.label.startswith("trace:trace.txt@") and a.config()["offsets"] == 4
+    with pytest.raises(ValueError, match="5 requests to send but only 4 offsets"):
+        a.offsets(5, seed=0, key="x")
+    (tmp_path / "bin").write_bytes(b"\xff\xfe0\n")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        arrivals.parse(f"trace:{tmp_path / 'bin'}")
+    with pytest.raises(ValueError, match="no such file"):
+        arrivals.parse(f"trace:{tmp_path / 'missing.txt'}")
+
+
+def test_arrivals_need_served_models_and_change_the_config_hash(tok_dir):
+    base = suite_dict(tok_dir, lengths=[64], depths=[0.5], loads=[1], samples=1)
+    plain = resolve(validate(base, "t"), "t")
+    assert "arrivals" not in plain.config  # a run without arrivals keeps its hash
+    with pytest.raises(SuiteError, match=r"'oracle' run in this process; arrivals load a server"):
+        resolve(validate({**base, "arrivals": "poisson:2"}, "t"), "t")
+    served = {**base, "models": [{"name": "s", "spec": "served:http://127.0.0.1:9/v1",
+                                  "options": {"tokenizer": str(tok_dir)}}]}
+    a = resolve(validate({**served, "arrivals": "poisson:2"}, "t"), "t")
+    b = resolve(validate({**served, "arrivals": "poisson:3"}, "t"), "t")
+    c = resolve(validate(served, "t"), "t")
+    assert len({a.config_hash, b.config_hash, c.config_hash}) == 3
+    assert a.arrivals.label == "poisson:2/s"
+
+
+class _Slow:
+    """The toy oracle with a fixed service time per request, as a server would have."""
+
+    def __init__(self, inner, service_s: float):
+        self.inner, self.service_s = inner, service_s
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def generate(self, state, max_new_tokens, stop=None):
+        time.sleep(self.service_s)
+        return self.inner.generate(state, max_new_tokens, stop)
+
+
+def test_requests_go_out_when_due_and_wait_for_a_slot(tok, tok_dir):
+    from evalkit.models import load_model
+    probes = toy_probes(tok, "toy_recall", lengths=[64], depths=[0.5], loads=[1], samples=5)
+    plan = build_plan(items_of(probes, tok))
+    assert plan.n_items == 5
+    model = _Slow(load_model("oracle", tokenizer=str(tok_dir)), 0.3)
+    run = ModelRun(model, "m", "h", "memory", arrivals="trace:t@0")
+    # three due at once on two slots, then two spaced out past the service time
+    due = [0.0, 0.0, 0.0, 1.2, 1.8]
+    out, t0 = [], time.monotonic()
+    execute_concurrent(run, plan, lambda s: out.append((time.monotonic() - t0, s)), 2, due)
+    assert len(out) == 5 and all(s.error is None for _, s in out)
+    queues = sorted(s.queue_s for _, s in out)
+    assert queues[:4] == pytest.approx([0, 0, 0, 0], abs=0.05)  # sent when due
+    assert queues[4] == pytest.approx(0.3, abs=0.1)  # the third waited for a slot
+    assert out[-1][0] >= 1.8 + 0.3 - 0.05  # the last was not sent before it was due
+    assert all(s.arrivals == "trace:t@0" for _, s in out)
+    with pytest.raises(ValueError, match="4 arrival times for 5 requests"):
+        execute_concurrent(run, plan, lambda s: None, 2, due[:4])
