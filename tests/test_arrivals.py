@@ -63,14 +63,15 @@ def test_trace_offsets_and_a_short_trace(tmp_path):
         arrivals.parse(f"trace:{tmp_path / 'missing.txt'}")
 
 
-def test_arrivals_need_served_models_and_change_the_config_hash(tok_dir):
+def test_arrivals_need_a_served_model_and_change_the_config_hash(tok_dir):
+    """In-process models may sit beside the served one: they run unloaded."""
     base = suite_dict(tok_dir, lengths=[64], depths=[0.5], loads=[1], samples=1)
     plain = resolve(validate(base, "t"), "t")
     assert "arrivals" not in plain.config  # a run without arrivals keeps its hash
-    with pytest.raises(SuiteError, match=r"'oracle' run in this process; arrivals load a server"):
+    with pytest.raises(SuiteError, match=r"no served model \(oracle run in this process\)"):
         resolve(validate({**base, "arrivals": "poisson:2"}, "t"), "t")
     served = {**base, "models": [{"name": "s", "spec": "served:http://127.0.0.1:9/v1",
-                                  "options": {"tokenizer": str(tok_dir)}}]}
+                                  "options": {"tokenizer": str(tok_dir)}}, *base["models"]]}
     a = resolve(validate({**served, "arrivals": "poisson:2"}, "t"), "t")
     b = resolve(validate({**served, "arrivals": "poisson:3"}, "t"), "t")
     c = resolve(validate(served, "t"), "t")

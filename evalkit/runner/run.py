@@ -109,7 +109,7 @@ class _Session:
         if self.on_model is not None:
             self.on_model({**self.earlier_models, **self.models})
         gen = self.resolved.suite.generation
-        arrivals = self.resolved.arrivals
+        arrivals = self.resolved.arrivals if _served(m) else None  # in-process: unloaded
         run = ModelRun(adapter, m.name, mhash, kind, tuple(gen.stop), gen.max_new_tokens,
                        arrivals.label if arrivals is not None else None)
         torch.manual_seed(self.resolved.suite.seed)
@@ -227,7 +227,7 @@ class _Session:
                 if s.error is not None:
                     bar.write(f"evalkit run: sample {s.probe_id} q{s.question} failed: {s.error}")
 
-        arrivals = self.resolved.arrivals
+        arrivals = self.resolved.arrivals if run.arrivals is not None else None
         try:
             if arrivals is not None:  # a load test: each request sent at its due time
                 due = arrivals.offsets(plan.n_items, seed=self.resolved.suite.seed, key=task.name)
@@ -266,6 +266,12 @@ def _torch_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+def _served(m: ResolvedModel) -> bool:
+    from evalkit.models import resolve_spec
+
+    return resolve_spec(m.spec)[0].kind == "served"
 
 
 def _short(v: Any) -> str:

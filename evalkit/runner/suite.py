@@ -417,8 +417,9 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
 
 
 def _arrivals(text: str | None, models: Sequence[ResolvedModel], source: str):
-    """The parsed schedule; every model must be served (a load test of this process's own
-    model would measure the test, not a deployment)."""
+    """The parsed schedule. It loads the served models; in-process ones run unloaded beside
+    them (a load test of this process's own model would measure the test, not a deployment),
+    so one suite holds both and a shared --cache-dir evaluates the in-process ones once."""
     if text is None:
         return None
     from evalkit.models import resolve_spec
@@ -428,9 +429,8 @@ def _arrivals(text: str | None, models: Sequence[ResolvedModel], source: str):
         arrivals = parse(text, f"{source}: key 'arrivals'")
     except ValueError as e:
         raise SuiteError(str(e)) from None
-    local = [m.name for m in models if resolve_spec(m.spec)[0].kind != "served"]
-    if local:
-        raise SuiteError(f"{source}: key 'arrivals': {', '.join(map(repr, local))} run in this "
-                         f"process; arrivals load a server (served:URL models). Evaluate "
-                         f"in-process models in a run without arrivals")
+    if not any(resolve_spec(m.spec)[0].kind == "served" for m in models):
+        names = ", ".join(m.name for m in models)
+        raise SuiteError(f"{source}: key 'arrivals': no served model ({names} run in this "
+                         f"process); arrivals load a server: give a served:URL model")
     return arrivals
