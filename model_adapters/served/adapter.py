@@ -43,8 +43,9 @@ class ServedAdapter:
     def __init__(self, base_url: str | list[str], *, model: str | None = None,
                  tokenizer: str | None = None, config: str | None = None,
                  api_key_env: str | None = None, concurrency: int = 8,
-                 timeout_s: float = 300.0, retries: int = 3, dtype: str = "fp32",
-                 name: str | None = None, max_length: int | None = None) -> None:
+                 timeout_s: float = 300.0, retries: int = 3, backoff_s: float = 0.5,
+                 dtype: str = "fp32", name: str | None = None,
+                 max_length: int | None = None) -> None:
         from evalkit.model_adapters.dtypes import parse_dtype
         from evalkit.tokenization import load_tokenizer
 
@@ -57,7 +58,8 @@ class ServedAdapter:
             raise ValueError(f"served: concurrency={concurrency}: expected 1..{MAX_CONCURRENCY} "
                              f"requests in flight")
         self.concurrency = int(concurrency)
-        self.client = Client(urls, api_key_env=api_key_env, timeout_s=timeout_s, retries=retries)
+        self.client = Client(urls, api_key_env=api_key_env, timeout_s=timeout_s, retries=retries,
+                             backoff_s=backoff_s)
         tok_dir = Path(tokenizer).expanduser()
         if not tok_dir.is_dir():
             raise FileNotFoundError(f"served: tokenizer={tokenizer}: no such folder")
@@ -142,7 +144,7 @@ class ServedAdapter:
             if out["choices"][0].get("prompt_logprobs"):
                 return "prompt_logprobs"
         except ServerError as e:
-            if "400" not in str(e):
+            if e.status != 400:  # 400: the server does not know prompt_logprobs
                 raise
         out = self.client.post_json("/completions", self._body([ids], max_tokens=0, echo=True,
                                                                logprobs=0))
@@ -282,7 +284,7 @@ def load_served(path: str | None, *, base_url: str | list[str] | None = None,
                 model: str | None = None, tokenizer: str | None = None,
                 config: str | None = None, api_key_env: str | None = None,
                 concurrency: int = 8, timeout_s: float = 300.0, retries: int = 3,
-                dtype: str = "fp32", name: str | None = None,
+                backoff_s: float = 0.5, dtype: str = "fp32", name: str | None = None,
                 max_length: int | None = None) -> ServedAdapter:
     """`served:URL` (several: URL|URL) or `served` with base_url= (a URL or a list)."""
     if path and base_url:
@@ -291,4 +293,5 @@ def load_served(path: str | None, *, base_url: str | list[str] | None = None,
         raise ValueError("served: needs a server: served:http://HOST:PORT/v1 or base_url=")
     return ServedAdapter(path or base_url, model=model, tokenizer=tokenizer, config=config,
                          api_key_env=api_key_env, concurrency=concurrency, timeout_s=timeout_s,
-                         retries=retries, dtype=dtype, name=name, max_length=max_length)
+                         retries=retries, backoff_s=backoff_s, dtype=dtype, name=name,
+                         max_length=max_length)

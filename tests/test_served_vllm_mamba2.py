@@ -1,0 +1,163 @@
+"""The served adapter against vLLM serving a tiny random Mamba-2 (a transformers
+Mamba2ForCausalLM built here: 2 layers, hidden 128, SmolLM2's tokenizer) behind --api-key:
+parity with transformers in-process, the server killed mid-run then `--resume`d against a
+restart, and the key kept out of every file. One server serves the module (killed and started
+once more by the kill test): each start costs 60-100 s on 2 cores. Run by `make test-vllm`."""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from evalkit.cli import main as evalkit_main
+from vllm_server import (VllmServer, by_key, check_parity, read_samples, run_suite, served,
+                         vllm_python, write_suite)
+
+pytestmark = pytest.mark.vllm
+
+KEY_ENV = "EVALKIT_TEST_VLLM_KEY"
+KEY = "evalkit-test-key-" + secrets.token_hex(16)  # what no file may contain
+# the kill test's suite: enough samples that the kill lands mid-run
+KILL_TASKS = [{"name": "needle", "lengths": [256, 512], "depths": [0.1, 0.5, 0.9]}]
+KILL_SAMPLES = 4
+
+
+@pytest.fixture(scope="module")
+def mamba2_dir(tmp_path_factory) -> Path:
+    import torch
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    from evalkit.model_adapters.embedded import convert_gguf_once
+
+    tok_dir, out = convert_gguf_once(), tmp_path_factory.mktemp("mamba2")
+    torch.manual_seed(0)
+    cfg = Mamba2Config(vocab_size=49152, hidden_size=128, num_hidden_layers=2, state_size=16,
+                       expand=2, head_dim=32, num_heads=8, n_groups=1, chunk_size=64,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True)
+    Mamba2ForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tok_dir / name, out / name)  # SmolLM2's: 49,152 ids, the config's vocab
+    return out
+
+
+@pytest.fixture(scope="module")
+def mamba2_server(mamba2_dir, tmp_path_factory):
+    vllm_python()  # skips without vLLM
+    server = VllmServer(mamba2_dir, tmp_path_factory.mktemp("vllm"), extra=("--api-key", KEY))
+    try:
+        print(f"\nvLLM serving the Mamba-2: ready in {server.start():.0f} s")
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def keyed(monkeypatch) -> str:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    return KEY_ENV
+
+
+def test_mamba2_parity_in_process_vs_served(mamba2_server, mamba2_dir, keyed, tmp_path):
+    rows = run_suite(tmp_path, "mamba2", [
+        {"name": "local", "spec": f"hf:{mamba2_dir}"},
+        served(mamba2_server.url, mamba2_dir, "vllm", api_key_env=keyed, concurrency=4)])
+    check_parity(rows, "local", "vllm")
+    assert {r["state_kind"] for r in rows} != {"kv"}  # the recurrent formula, not a KV cache
+
+
+def _cached(run_dir: Path) -> int:
+    return sum(1 for _ in (run_dir / "cache" / "entries").glob("*/*.json"))
+
+
+def test_killed_mid_run_then_resumed(mamba2_server, mamba2_dir, keyed, tmp_path, capsys):
+    # concurrency 1: one request at a time, so the numbers do not depend on batching
+    model = served(mamba2_server.url, mamba2_dir, "vllm", api_key_env=keyed, concurrency=1,
+                   retries=2, backoff_s=0.5, timeout_s=60)
+    cfg = write_suite(tmp_path, "kill", [model], tasks=KILL_TASKS, samples=KILL_SAMPLES)
+    out, log = tmp_path / "killed", tmp_path / "killed.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "evalkit", "run", "--config", str(cfg),
+                                 "--output", str(out), "--no-progress"], stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while _cached(out) < 4:  # some samples done: now the server dies
+            assert proc.poll() is None, f"the run ended before the kill:\n{log.read_text()}"
+            assert time.monotonic() - t0 < 300, "no sample finished within 300 s"
+            time.sleep(0.05)
+        t_kill = time.monotonic()
+        mamba2_server.kill()
+        rc = proc.wait(timeout=120)  # bounded retries: it ends on its own, well before this
+        ended_s = time.monotonic() - t_kill
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    text = log.read_text()
+    rows = read_samples(out)
+    failed = [r["error"] for r in rows if r["error"]]
+    with capsys.disabled():
+        print(f"\nkilled after {len(rows) - len(failed)}/{len(rows)} samples; the run ended "
+              f"{ended_s:.1f} s later (exit {rc}); its errors: {sorted(set(failed))[:2]}")
+    assert rc == 1 and "Traceback" not in text and "samples failed" in text, text[-2000:]
+    assert 4 <= len(rows) - len(failed) < len(rows)
+    assert all("connection failed" in e or "server is down" in e for e in failed), failed[:3]
+    assert ended_s < 60
+
+    restart_s = mamba2_server.start()  # the same port: the run's config holds the URL
+    t0 = time.monotonic()
+    capsys.readouterr()
+    assert evalkit_main(["run", "--resume", str(out), "--no-progress"]) == 0
+    resumed_s, said = time.monotonic() - t0, capsys.readouterr().out
+    with capsys.disabled():
+        print(f"restarted in {restart_s:.0f} s; --resume finished in {resumed_s:.1f} s: "
+              f"{said.splitlines()[0] if said else ''}")
+    assert f"{len(rows) - len(failed)} from cache" in said  # the same model: nothing redone
+
+    whole = run_suite(tmp_path, "whole", [model], tasks=KILL_TASKS, samples=KILL_SAMPLES)
+    a, b = by_key(read_samples(out), "vllm"), by_key(whole, "vllm")
+    assert a.keys() == b.keys() and all(r["error"] is None for r in a.values())
+    fields = ("prediction", "candidate_logprobs", "scores")
+    differ = [k for k in a if any(a[k][f] != b[k][f] for f in fields)]
+    assert not differ, [(a[k]["prediction"], b[k]["prediction"]) for k in differ[:3]]
+
+
+def test_the_key_works_and_is_in_no_file(mamba2_server, mamba2_dir, keyed, tmp_path, capsys,
+                                         monkeypatch):
+    tasks = [{"name": "needle", "lengths": [256], "depths": [0.5]}]
+    rows = run_suite(tmp_path, "keyed", [served(mamba2_server.url, mamba2_dir, "vllm",
+                                                api_key_env=keyed)], tasks=tasks)
+    assert rows and all(r["error"] is None for r in rows)
+    board = tmp_path / "board"
+    assert evalkit_main(["publish", str(tmp_path / "keyed"), "--to", str(board)]) == 0
+    files = [p for d in (tmp_path / "keyed", board) for p in d.rglob("*") if p.is_file()]
+    assert len(files) > 5 and (board / "index.html").is_file()
+    leaks = [str(p) for p in files if KEY.encode() in p.read_bytes()]
+    with capsys.disabled():
+        print(f"the key: in none of {len(files)} files (run folder and board)")
+    assert not leaks
+
+    def fails(name: str, **opts) -> str:
+        """A run that must fail with one line and exit status 1, no traceback."""
+        capsys.readouterr()
+        cfg = write_suite(tmp_path, name, [served(mamba2_server.url, mamba2_dir, name, **opts)],
+                          tasks=tasks)
+        rc = evalkit_main(["run", "--config", str(cfg), "--output", str(tmp_path / name),
+                           "--no-progress"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 1 and len(err) == 1 and "Traceback" not in err[0], err
+        assert KEY not in err[0]
+        return err[0]
+
+    no_key = fails("nokey")
+    assert "HTTP 401 Unauthorized" in no_key and "api_key_env=NAME" in no_key
+    monkeypatch.setenv("EVALKIT_TEST_WRONG_KEY", "not-the-key")
+    assert "refused the API key in $EVALKIT_TEST_WRONG_KEY" in fails(
+        "wrongkey", api_key_env="EVALKIT_TEST_WRONG_KEY")
