@@ -18,6 +18,7 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def smollm2_dir() -> Path:
+    vllm_python()  # skips without vLLM, before converting anything
     from evalkit.model_adapters.embedded import convert_gguf_once
 
     return convert_gguf_once()
@@ -25,7 +26,6 @@ def smollm2_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def server(smollm2_dir, tmp_path_factory):
-    vllm_python()  # skips without vLLM
     with vllm_server(smollm2_dir, tmp_path_factory.mktemp("vllm")) as url:
         yield url
 

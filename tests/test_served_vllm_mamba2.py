@@ -31,6 +31,7 @@ KILL_SAMPLES = 4
 
 @pytest.fixture(scope="module")
 def mamba2_dir(tmp_path_factory) -> Path:
+    vllm_python()  # skips without vLLM, before building anything
     import torch
     from transformers import Mamba2Config, Mamba2ForCausalLM
 
@@ -49,7 +50,6 @@ def mamba2_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def mamba2_server(mamba2_dir, tmp_path_factory):
-    vllm_python()  # skips without vLLM
     server = VllmServer(mamba2_dir, tmp_path_factory.mktemp("vllm"), extra=("--api-key", KEY))
     try:
         print(f"\nvLLM serving the Mamba-2: ready in {server.start():.0f} s")
