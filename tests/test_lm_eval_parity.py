@@ -3,8 +3,9 @@ the bridge and lm-eval's own `hf` model on the converted checkpoint agree sample
 
 Offline: niah_single_1 builds its data locally (the "repeat" haystack, sized with the model's
 tokenizer). Importing lm-eval's RULER module calls nltk.download("punkt_tab") when NLTK's
-punkt_tab is absent, although only the essay haystacks use it; an empty punkt_tab folder on
-nltk's search path stops that attempt, and a socket guard proves nothing reaches the network.
+punkt_tab is absent, although only the essay haystacks use it: evalkit refuses that download
+(evalkit.lm_eval.ruler_nltk), and for lm-eval's own `hf` path an empty punkt_tab folder on
+nltk's search path stops the attempt; a socket guard proves nothing reaches the network.
 """
 import json
 import os
@@ -67,7 +68,8 @@ def through_evalkit(no_network, converted, tmp_path_factory):
                             max_seq_lengths=META["max_seq_lengths"],
                             model_options={"smollm2-135m": {"dtype": "fp32", "device": "cpu"}},
                             seed=SEED)
-    res = res["smollm2-135m"]
+    assert res["failed"] == 0 and res["problems"] == [], res["problems"]
+    res = res["models"]["smollm2-135m"]
     path = Path(res["evalkit_files"]["samples"]["niah_single_1"])
     samples = [json.loads(x) for x in path.read_text().splitlines()]
     saved = json.loads(Path(res["evalkit_files"]["results"]).read_text())

@@ -163,14 +163,18 @@ def test_run_lm_eval_tasks_writes_results_and_samples(exported, tmp_path):
                         include_defaults=False)
     res = run_lm_eval_tasks(["oracle", "forgetful"], tasks, output_dir=out, limit=1,
                             model_options={"oracle": {"order": 8}})
-    files = res["oracle"]["evalkit_files"]
+    files = res["models"]["oracle"]["evalkit_files"]
     saved = json.loads((out / "oracle" / "results.json").read_text())
     assert saved["results"]["evalkit_needle_choice_256"]["forced_choice,none"] == 1.0
     rows = (out / "oracle" / "samples_evalkit_needle_choice_256.jsonl").read_text().splitlines()
     assert len(rows) == 1 and files["samples"]["evalkit_needle_choice_256"].endswith(".jsonl")
     # the one index served both models, each with its own task metadata (its tokenizer)
-    assert set(res) == {"oracle", "forgetful"}
-    assert "forced_choice,none" in res["forgetful"]["results"]["evalkit_needle_choice_256"]
+    assert set(res["models"]) == {"oracle", "forgetful"}
+    assert [(p["model"], p["status"], p["reused"]) for p in res["pairs"]] == [
+        ("oracle", "scored", False), ("forgetful", "scored", False)]
+    assert res["failed"] == 0 and res["problems"] == []
+    assert "forced_choice,none" in res["models"]["forgetful"]["results"][
+        "evalkit_needle_choice_256"]
     assert (out / "forgetful" / "results.json").is_file()
     with pytest.raises(ValueError, match="unknown lm-eval task.*no_such_task"):
         LmEvalTasks(["evalkit_needle_choice_256", "no_such_task"], include_path=exported,

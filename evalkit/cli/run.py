@@ -21,8 +21,9 @@ samples.jsonl is always written.
 
 Exit status: 0 when every sample was evaluated (over-length samples are flagged, not failed);
 1 when any sample failed (each failure is in samples.jsonl with its error; the rest of the run
-is complete), or when the system failed mid-run (a full disk: one line naming the file; the run
-directory is resumable); 2 for bad input (nothing is run, and a new run directory is removed
+is complete) or an lm-eval task failed on a model (one line each; the other pairs are scored),
+or when the system failed mid-run (a full disk: one line naming the file; the run directory is
+resumable); 2 for bad input (nothing is run, and a new run directory is removed
 again); 130 when interrupted (Ctrl-C or SIGTERM: the
 run directory is resumable with --resume).
 """
@@ -193,9 +194,14 @@ def run(args) -> int:
     print(f"evalkit run: prefilled {p['tokens_prefilled']:,} tokens for {p['prompt_tokens']:,} "
           f"prompt tokens: savings ratio {p['savings_ratio']:.2f}x "
           f"({100 * p['saved_fraction']:.1f}% saved)")
-    if out.results and "lm_eval" in out.results:
-        print(f"evalkit run: lm-eval results in {out.run_dir}/lm_eval/ "
+    lm = (out.results or {}).get("lm_eval") or {}
+    if lm:
+        print(f"evalkit run: lm-eval: {len(lm['pairs']) - lm['failed']} of {len(lm['pairs'])} "
+              f"(model, task) pairs scored ({lm['reused']} read back from an earlier "
+              f"invocation); results in {out.run_dir}/lm_eval/ "
               f"(and under 'lm_eval' in results.json)")
+        for line in lm["problems"]:  # failed pairs, documents left out for an empty gold list
+            print(f"evalkit run: {line}", file=sys.stderr)
     print(f"evalkit run: wrote {out.run_dir}/results.json and samples.jsonl")
     if part.count > 1:
         print(f"evalkit run: this is shard {part} of config {resolved.config_hash[:12]}: "
@@ -203,5 +209,7 @@ def run(args) -> int:
     if out.failed:
         print(f"evalkit run: {out.failed} samples failed (see 'error' in samples.jsonl); "
               f"exit status 1", file=sys.stderr)
-        return 1
-    return 0
+    if lm.get("failed"):
+        print(f"evalkit run: {lm['failed']} lm-eval task(s) failed (above); `evalkit run "
+              f"--resume {out.run_dir}` retries only those; exit status 1", file=sys.stderr)
+    return 1 if out.failed or lm.get("failed") else 0

@@ -1,10 +1,16 @@
 """lm-eval's own tasks on evalkit models (`evalkit run --lm-eval-tasks niah_single_1 ...`).
 
-`run_lm_eval_tasks` evaluates each evalkit model through the lm-eval bridge
-(`evalkit.lm_eval.bridge.EvalkitLM`) with lm-eval's `simple_evaluate`, and
-writes, per model, into output_dir/<model>/ (each file atomically):
-- results.json: lm-eval's results object (results, configs, versions, n-samples, config...),
-  without the samples;
+`run_lm_eval_tasks` evaluates each (evalkit model, lm-eval task) pair through the lm-eval
+bridge (`evalkit.lm_eval.bridge.EvalkitLM`) with lm-eval's `simple_evaluate`, one call per
+pair (evalkit.lm_eval.pairs): a pair that raises is a failed entry naming the model, the task,
+the function that raised and the error, and the other pairs still run. Documents with an
+empty gold answer list are counted and left out of scoring. It writes, per model, into
+output_dir/<model>/ (each file atomically):
+- pairs/<task>.json: one scored pair (its key, entry and lm-eval results): a later call with
+  the same key (model identity and options, task, settings, lm-eval version) reuses it, so
+  `evalkit run --resume` re-evaluates only the pairs that failed;
+- results.json: lm-eval's results object for the model's scored tasks (results, configs,
+  versions, n-samples, config...), without the samples;
 - samples_<task>.jsonl: lm-eval's logged samples (doc, arguments, resps, filtered_resps,
   per-sample metrics), when log_samples is on.
 
@@ -13,11 +19,11 @@ tokenizer: unless `metadata` names one, it is set to the model tokenizer's folde
 built with the same tokenizer the model reads them with. RULER's lengths come from
 metadata["max_seq_lengths"] (e.g. [1024]).
 
-Offline notes (HF_HUB_OFFLINE=1): niah_single_1 (and the other "repeat"/"needle" haystack RULER
-tasks) build their data locally. Importing lm-eval's RULER code needs the `wonderwords` package,
-and calls nltk.download("punkt_tab") when NLTK's punkt_tab is not installed: offline that
-attempt fails, is printed, and the task still runs (only the essay haystacks tokenize sentences,
-and those tasks also download Paul Graham's essays from the hub, so they cannot run offline).
+Offline (evalkit downloads nothing at run time): `LmEvalTasks` refuses, before any work, a
+task whose data would have to be downloaded (evalkit.lm_eval.offline: RULER's QA and
+essay-haystack tasks, hub data sets not in the local cache). RULER's code is imported with
+nltk's punkt_tab download refused and its false "Downloaded" line dropped
+(evalkit.lm_eval.ruler_nltk). Importing it needs the `wonderwords` package.
 """
 from __future__ import annotations
 
@@ -42,24 +48,39 @@ class LmEvalTasks:
     """lm-eval tasks by name, checked against lm-eval's task index when made.
 
     The index is built once (the full one takes ~10 s): the check before anything is evaluated
-    and every model's evaluation read the same one. Unknown names raise ValueError, naming them.
+    and every model's evaluation read the same one. Unknown names raise ValueError, naming them;
+    so does a task whose data would have to be downloaded (evalkit.lm_eval.offline), naming
+    the data and how to provide it. `units`: the names with globs expanded, one evaluation
+    (and one result or failure) each per model.
     """
 
     def __init__(self, names: Sequence[str], include_path: str | Path | None = None,
                  include_defaults: bool = True) -> None:
         from lm_eval.tasks import TaskManager
 
+        from evalkit.lm_eval import offline
+
         if not names:
             raise ValueError("name at least one lm-eval task")
         self.names = list(names)
         self._index = TaskManager(include_path=str(include_path) if include_path else None,
                                   include_defaults=include_defaults)
-        unknown = [t for t in self.names if not self._index.match_tasks([t])]
+        matched = {t: self._index.match_tasks([t]) for t in self.names}
+        unknown = [t for t, found in matched.items() if not found]
         if unknown:
             searched = ([str(include_path)] if include_path else []) + (
                 ["lm-eval's own tasks"] if include_defaults else [])
             raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)} (searched "
                              f"{' and '.join(searched) or 'nothing'})")
+        self.units = list(dict.fromkeys(u for t in self.names for u in matched[t]))
+        refused = offline.refusals(self._index.task_index, self.units)
+        if refused:
+            raise ValueError("lm-eval task(s) need data that is not on this machine, and "
+                             "evalkit downloads nothing at run time:\n  "
+                             + "\n  ".join(refused))
+        # every RULER task imports RULER's prepare_niah (see evalkit.lm_eval.ruler_nltk)
+        self.ruler = any(fn.startswith(offline.RULER) for fn in
+                         offline.custom_datasets(self._index.task_index, self.units))
 
     def manager(self, metadata: dict) -> Any:
         """The index as a TaskManager that gives its tasks one model's `metadata`. lm-eval keeps
@@ -71,6 +92,11 @@ class LmEvalTasks:
         return tm
 
 
+# per-task keys of lm-eval's results object: a model's results.json is their union over pairs
+PER_TASK = ("results", "groups", "group_subtasks", "configs", "versions", "n-shot",
+            "higher_is_better", "n-samples", "task_hashes")
+
+
 def run_lm_eval_tasks(models: Sequence[str], tasks: LmEvalTasks, *, output_dir: str | Path,
                       limit: int | float | None = None, model_options: dict | None = None,
                       metadata: dict | None = None, max_seq_lengths: Sequence[int] | None = None,
@@ -79,32 +105,43 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: LmEvalTasks, *, output_dir: 
                       gen_kwargs: dict | None = None, apply_chat_template: bool = False,
                       bootstrap_iters: int = 0) -> dict:
     """Run lm-eval `tasks` (checked when made, e.g. `LmEvalTasks(["niah_single_1"])`) on each
-    evalkit model.
+    evalkit model, one (model, task) pair at a time; a pair scored before with the same key
+    is read back from output_dir, not evaluated again.
 
     model_options: {model: {options}}, each model's evalkit model and bridge options (dtype,
     device, max_gen_toks, ...); a model it does not name gets its defaults.
     metadata: task metadata; max_seq_lengths=[1024] is a shorthand for RULER's lengths.
     seed: one seed for python/numpy/torch/few-shot (None: lm-eval's defaults).
     bootstrap_iters=0 skips lm-eval's stderr bootstrap (slow, and not needed for parity).
-    Returns {model: lm-eval's results without samples, plus "evalkit_files": the files written}.
+    Returns {"models": {model: lm-eval's results for its scored tasks, without samples, plus
+    "evalkit_files"}, "pairs": [one entry per (model, task): model, task, status "scored" or
+    "failed", reused, empty_gold ({task: count, of, doc_ids, built_by}), then n_samples and
+    samples, or error, raised_in and line], "failed": failed pairs, "reused": pairs read back,
+    "empty_gold": documents left out for an empty gold list, "problems": one line each (the
+    failed pairs, then the left-out documents of scored ones)}.
     """
-    from lm_eval import simple_evaluate
-    from lm_eval.utils import handle_non_serializable
+    import lm_eval
 
     from evalkit.lm_eval.bridge import EvalkitLM
 
     if not models:
         raise ValueError("run_lm_eval_tasks: name at least one evalkit model")
     out = Path(output_dir)
-    seeds = {} if seed is None else {"random_seed": seed, "numpy_random_seed": seed,
-                                     "torch_random_seed": seed, "fewshot_random_seed": seed}
     opts = dict(model_options or {})
     stray = [k for k in opts if k not in models]
     if stray or not all(isinstance(v, dict) for v in opts.values()):
         raise ValueError(f"run_lm_eval_tasks: model_options maps each model to its options "
                          f"({{model: {{option: value}}}}); {stray or list(opts)} are not "
                          f"models of this call ({list(models)})")
-    all_results: dict[str, Any] = {}
+    settings = {"limit": limit, "seed": seed, "num_fewshot": num_fewshot,
+                "gen_kwargs": gen_kwargs, "apply_chat_template": apply_chat_template,
+                "bootstrap_iters": bootstrap_iters, "log_samples": log_samples,
+                "lm_eval": lm_eval.__version__}
+    evaluate_kw = {"log_samples": log_samples, "num_fewshot": num_fewshot,
+                   "gen_kwargs": gen_kwargs, "apply_chat_template": apply_chat_template,
+                   "bootstrap_iters": bootstrap_iters, **_seeds(seed)}
+    by_model: dict[str, Any] = {}
+    pairs: list[dict] = []
     for name in models:
         lm = EvalkitLM(name=name, **opts.get(name, {}))
         meta = dict(metadata or {})
@@ -114,24 +151,138 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: LmEvalTasks, *, output_dir: 
             folder = tokenizer_folder(lm.tokenizer)
             if folder:
                 meta["tokenizer"] = folder
-        res = simple_evaluate(model=lm, tasks=tasks.names, task_manager=tasks.manager(meta),
-                              limit=limit, log_samples=log_samples, num_fewshot=num_fewshot,
-                              gen_kwargs=gen_kwargs, apply_chat_template=apply_chat_template,
-                              bootstrap_iters=bootstrap_iters, metadata=meta, **seeds)
-        if res is None:  # not rank 0
-            continue
-        samples = res.pop("samples", None) or {}
+        base = {"model": name, "identity": lm.adapter.identity(), "options": opts.get(name, {}),
+                "metadata": meta, **settings}
         folder = out / slug(name, "model")
-        files: dict[str, Any] = {"results": str(folder / "results.json"), "samples": {}}
-        for task, rows in samples.items():
-            path = folder / f"samples_{slug(task, 'model')}.jsonl"
-            atomic.write_text(path, "".join(
-                json.dumps(r, default=handle_non_serializable, ensure_ascii=False) + "\n"
-                for r in rows))
-            files["samples"][task] = str(path)
-        atomic.write_text(folder / "results.json",
-                          json.dumps(res, default=handle_non_serializable, indent=2,
-                                     ensure_ascii=False) + "\n")
-        res["evalkit_files"] = files
-        all_results[name] = res
-    return all_results
+        scored: list[dict] = []
+        manager = None
+        for task in tasks.units:
+            key = _plain({**base, "task": task})
+            stored = _read_pair(folder, task)
+            if stored is not None and stored.get("key") == key:
+                entry, result = {**stored["entry"], "reused": True}, stored["result"]
+            else:
+                manager = manager or tasks.manager(meta)
+                entry, result = _evaluate(lm, tasks, manager, name, task, key, folder,
+                                          limit=limit, meta=meta, evaluate_kw=evaluate_kw)
+            pairs.append(entry)
+            if result is not None:
+                scored.append(result)
+        by_model[name] = _write_model(folder, scored, [p for p in pairs if p["model"] == name])
+    problems = [p["line"] for p in pairs if p["status"] == "failed"] + [
+        line for p in pairs for line in p.get("empty_gold_lines", [])]
+    return {"models": by_model, "pairs": pairs,
+            "failed": sum(p["status"] == "failed" for p in pairs),
+            "reused": sum(p["reused"] for p in pairs),
+            "empty_gold": sum(r["count"] for p in pairs
+                              for r in p.get("empty_gold", {}).values()),
+            "problems": problems}
+
+
+def _seeds(seed: int | None) -> dict[str, int]:
+    """simple_evaluate's seeds: `seed` for all four, or lm-eval's own defaults when None."""
+    from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
+
+    first, other = (DEFAULT_RANDOM_SEED, DEFAULT_OTHER_SEED) if seed is None else (seed, seed)
+    return {"random_seed": first, "numpy_random_seed": other, "torch_random_seed": other,
+            "fewshot_random_seed": other}
+
+
+def _evaluate(lm: Any, tasks: LmEvalTasks, manager: Any, model: str, task: str, key: dict,
+              folder: Path, *, limit: int | float | None, meta: dict, evaluate_kw: dict
+              ) -> tuple[dict, dict | None]:
+    """Build and score one pair; write its files when it scored. (entry, lm-eval results or
+    None when it failed)."""
+    import random
+
+    import numpy as np
+    from lm_eval import simple_evaluate
+    from lm_eval.utils import handle_non_serializable, set_torch_seed
+
+    from evalkit.lm_eval.pairs import docs_to_score, empty_gold_line, evaluate_pair
+    from evalkit.lm_eval.ruler_nltk import import_prepare_niah
+
+    def run() -> tuple[dict, dict]:
+        if tasks.ruler:
+            import_prepare_niah()
+        # RULER draws its documents from the global generators while it builds them, so they
+        # are seeded first, as simple_evaluate does before it builds: each pair's documents
+        # are the same whatever pairs ran before it (what reusing a stored pair relies on).
+        random.seed(evaluate_kw["random_seed"])
+        np.random.seed(evaluate_kw["numpy_random_seed"])
+        set_torch_seed(evaluate_kw["torch_random_seed"])
+        loaded = manager.load([task])  # builds the data: lm-eval's own errors start here
+        samples, empty = docs_to_score(loaded["tasks"], limit)
+        top = ([loaded["groups"][task]] if task in loaded["groups"]
+               else list(loaded["tasks"].values()))
+        res = simple_evaluate(model=lm, tasks=top, task_manager=manager,
+                              limit=None if samples else limit, samples=samples,
+                              metadata=meta, **evaluate_kw)
+        if res is None:
+            raise RuntimeError("lm-eval returned no results (this process is not rank 0)")
+        return res, empty
+
+    done = evaluate_pair(model, task, run)
+    entry: dict[str, Any] = {"model": model, "task": task, "status": done["status"],
+                             "reused": False}
+    stale = folder / "pairs" / f"{slug(task, 'task')}.json"
+    if done["status"] == "failed":
+        stale.unlink(missing_ok=True)  # an older result of other settings is not this one
+        failed = ("error", "raised_in", "line", "empty_gold")
+        return {**entry, **{k: done[k] for k in failed}}, None
+    res = done["results"]
+    samples = res.pop("samples", None) or {}
+    files: dict[str, str] = {}
+    for name, rows in samples.items():
+        path = folder / f"samples_{slug(name, 'task')}.jsonl"
+        atomic.write_text(path, "".join(
+            json.dumps(r, default=handle_non_serializable, ensure_ascii=False) + "\n"
+            for r in rows))
+        files[name] = str(path)
+    entry.update({"empty_gold": done["empty_gold"],
+                  "empty_gold_lines": [empty_gold_line(model, name, r)
+                                       for name, r in done["empty_gold"].items()],
+                  "n_samples": res.get("n-samples", {}), "samples": files})
+    atomic.write_text(stale, json.dumps({"key": key, "entry": entry, "result": res},
+                                        default=handle_non_serializable, indent=1,
+                                        ensure_ascii=False) + "\n")
+    return entry, _plain(res)
+
+
+def _read_pair(folder: Path, task: str) -> dict | None:
+    path = folder / "pairs" / f"{slug(task, 'task')}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):  # unreadable or torn by hand: evaluate the pair again
+        return None
+    return data if isinstance(data, dict) and {"key", "entry", "result"} <= set(data) else None
+
+
+def _write_model(folder: Path, scored: list[dict], entries: list[dict]) -> dict:
+    """The model's lm-eval results over its scored pairs, as results.json (removed when none
+    scored, so no earlier run's file stands for this one)."""
+    from lm_eval.utils import handle_non_serializable
+
+    path = folder / "results.json"
+    if not scored:
+        path.unlink(missing_ok=True)
+        return {"evalkit_files": {"results": None, "samples": {}}}
+    merged: dict[str, Any] = {}
+    for res in scored:
+        for k, v in res.items():
+            if k in PER_TASK and isinstance(v, dict):
+                merged.setdefault(k, {}).update(v)
+            else:
+                merged[k] = v
+    atomic.write_text(path, json.dumps(merged, default=handle_non_serializable, indent=2,
+                                       ensure_ascii=False) + "\n")
+    samples = {t: f for e in entries for t, f in e.get("samples", {}).items()}
+    return {**merged, "evalkit_files": {"results": str(path), "samples": samples}}
+
+
+def _plain(obj: Any) -> Any:
+    """As JSON reads it back (tuples as lists, other objects as strings): comparable with a
+    stored key."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))

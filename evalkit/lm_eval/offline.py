@@ -1,0 +1,236 @@
+"""Which lm-eval tasks need data from the internet, decided from the task index alone.
+
+evalkit downloads nothing at run time; lm-eval would try, and fail late (after every earlier
+task ran) with a raw connection error naming a host. `refusals` reads each requested task's
+YAML (functions unresolved: nothing is imported or built) and names what is missing:
+- a hub `dataset_path` that is not in the local `datasets` / hub cache, or a builder
+  (`json`, `csv`, ...) whose `dataset_kwargs.data_files` are URLs;
+- a `custom_dataset` function known to fetch data: RULER's QA tasks (SQuAD, HotpotQA, read
+  from URLs with `requests`) and its essay-haystack needle tasks (Paul Graham's essays from
+  the hub, split into sentences with NLTK's punkt_tab).
+A custom_dataset function not in KNOWN and a Python task class without a dataset_path are
+not checked: what they fetch is only known by running them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Iterator
+
+RULER = "lm_eval.tasks.ruler."
+LOCAL_COPY = ("a local copy: a task YAML of your own with `dataset_path: <folder>` (or "
+              "`dataset_path: json` and `dataset_kwargs: {data_files: <file>}`), run with "
+              "`evalkit-lm-eval run --include_path <its folder>`")
+
+
+@dataclass(frozen=True)
+class Need:
+    """Data a task needs and this machine lacks."""
+    data: str      # what, e.g. "SQuAD 2.0's dev set (dev-v2.0.json)"
+    source: str    # where lm-eval would fetch it from
+    provide: str   # how to make it available offline
+
+    def message(self, tasks: list[str]) -> str:
+        return (f"{', '.join(tasks)} need{'s' if len(tasks) == 1 else ''} {self.data}, which "
+                f"lm-eval would download from {self.source}; {self.provide}")
+
+
+def _fixed_url(data: str, url: str, where: str) -> Need:
+    return Need(data, url, f"lm-eval 0.4.13 fetches it in {where} on every build and reads no "
+                f"local copy (no dataset_path or dataset_kwargs applies), so the task cannot run "
+                f"offline; for a local copy, write a task YAML that includes lm-eval's and sets "
+                f"`custom_dataset: !function` to your own reader, and run it with "
+                f"`evalkit-lm-eval run --include_path <its folder>`")
+
+
+ESSAYS = "baber/paul_graham_essays"
+# lm-eval 0.4.13's custom_dataset functions that fetch data (tests/test_lm_eval_ruler_offline.py
+# checks this table against lm-eval's source). Value: hub data sets, then plain-URL needs.
+KNOWN: dict[str, tuple[tuple[str, ...], tuple[Need, ...]]] = {
+    RULER + "qa_utils.get_squad": ((), (_fixed_url(
+        "SQuAD 2.0's dev set (SQuAD, dev-v2.0.json)",
+        "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json",
+        "tasks/ruler/qa_utils.py read_squad()"),)),
+    RULER + "qa_utils.get_hotpotqa": ((), (_fixed_url(
+        "HotpotQA's dev set (hotpot_dev_distractor_v1.json)",
+        "https://huggingface.co/datasets/namlh2004/hotpotqa/resolve/"
+        "7e54db4656209750ff487f6fdf8e39a66dba136b/hotpot_dev_distractor_v1.json",
+        "tasks/ruler/qa_utils.py read_hotpotqa()"),)),
+    **{RULER + f"niah_utils.{fn}": ((ESSAYS,), ()) for fn in (
+        "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multiquery",
+        "niah_multivalue")},
+}
+ESSAY_FUNCTIONS = frozenset(k for k, (hub, _) in KNOWN.items() if ESSAYS in hub)
+
+
+def refusals(index: dict[str, Any], names: list[str]) -> list[str]:
+    """One sentence per missing piece of data, naming the tasks (among `names`, expanded to
+    their leaf tasks) that need it; [] when every task can be built offline."""
+    needs: dict[Need, list[str]] = {}
+    for task, cfg in _leaves(index, names):
+        for need in _needs(cfg):
+            needs.setdefault(need, [])
+            if task not in needs[need]:
+                needs[need].append(task)
+    return [need.message(tasks) for need, tasks in needs.items()]
+
+
+def custom_datasets(index: dict[str, Any], names: list[str]) -> set[str]:
+    """The custom_dataset functions (module.fn) of the leaf tasks of `names`."""
+    return {fn for _, cfg in _leaves(index, names)
+            if (fn := function_name(cfg.get("custom_dataset")))}
+
+
+def function_name(spec: Any) -> str | None:
+    """`custom_dataset: !function mod.fn` as lm-eval names the module: the index keeps it as
+    "<yaml folder>/mod.fn"; under lm_eval/tasks/ it is "lm_eval.tasks.<folder>.mod.fn"."""
+    if not isinstance(spec, str):
+        return None
+    text = spec.replace("\\", "/")
+    cut = text.find("/lm_eval/tasks/")
+    return "lm_eval.tasks." + text[cut + len("/lm_eval/tasks/"):].replace("/", ".") \
+        if cut >= 0 else text
+
+
+def _needs(cfg: dict) -> Iterator[Need]:
+    custom = cfg.get("custom_dataset")
+    if custom:  # lm-eval calls it instead of datasets.load_dataset
+        hub, fixed = KNOWN.get(function_name(custom) or "", ((), ()))
+        for repo in hub:  # loaded by name inside the function: only the cache can serve it
+            need = _hub_need(repo, None, local_copy=False)
+            if need:
+                yield need
+        yield from fixed
+        if function_name(custom) in ESSAY_FUNCTIONS and not punkt_tab_installed():
+            yield Need("NLTK's punkt_tab sentence tokenizer (to split the essays)",
+                       "NLTK's data server (nltk.download('punkt_tab'))",
+                       "install it once where there is network (`python -m nltk.downloader "
+                       "punkt_tab`, or copy an nltk_data folder and set NLTK_DATA)")
+        return
+    path = cfg.get("dataset_path")
+    if not path:
+        return
+    path = str(path)
+    kwargs = cfg.get("dataset_kwargs") or {}
+    if Path(path).expanduser().exists():
+        return
+    if path in _packaged_builders():
+        remote = [f for f in _strings(kwargs.get("data_files")) if "://" in f]
+        if remote:
+            yield Need(f"the data files {', '.join(remote)}", "those URLs",
+                       f"download them once and point dataset_kwargs.data_files at the "
+                       f"local files (a task YAML of your own, run with "
+                       f"`evalkit-lm-eval run --include_path <its folder>`)")
+        return
+    need = _hub_need(path, cfg.get("dataset_name"))
+    if need:
+        yield need
+
+
+def _hub_need(repo: str, config_name: Any, local_copy: bool = True) -> Need | None:
+    if in_cache(repo):
+        return None
+    checked = cache_folders(repo)
+    # one Need per repo, whatever the config: mmlu's 57 subtasks are one sentence
+    name = " (each task's config: its dataset_name)" if config_name else ""
+    load = f"datasets.load_dataset({repo!r}{', <dataset_name>' if config_name else ''})"
+    return Need(f"the hub data set {repo}{name}, not in the local datasets cache "
+                f"({' or '.join(map(str, checked))})",
+                f"the Hugging Face hub ({repo})",
+                f"fetch it once where there is network (`python -c \"import datasets; {load}\"`"
+                f", same HF_HOME)" + (f", or use {LOCAL_COPY}" if local_copy else
+                                      " (the task's code loads it by name: no local path "
+                                      "applies)"))
+
+
+def in_cache(repo: str) -> bool:
+    """Whether a hub data set was fetched before: one of its cache folders is not empty."""
+    return any(p.is_dir() and any(p.iterdir()) for p in cache_folders(repo))
+
+
+def cache_folders(repo: str) -> list[Path]:
+    """Where a hub data set fetched before would be: the `datasets` cache (org___name) and
+    the hub download cache (datasets--org--name)."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    return [Path(datasets.config.HF_DATASETS_CACHE) / repo.replace("/", "___"),
+            Path(constants.HF_HUB_CACHE) / ("datasets--" + repo.replace("/", "--"))]
+
+
+def punkt_tab_installed() -> bool:
+    import nltk
+
+    try:
+        nltk.data.find("tokenizers/punkt_tab")
+        return True
+    except LookupError:
+        return False
+
+
+def _packaged_builders() -> set[str]:
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+    return set(_PACKAGED_DATASETS_MODULES)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+def _leaves(index: dict[str, Any], names: list[str]) -> Iterator[tuple[str, dict]]:
+    """(leaf task name, its YAML config, includes merged, functions unresolved) for each name:
+    a task itself, a tag's tasks, a group's members (recursively, with the group's and the
+    member entry's overrides applied, as lm-eval's TaskFactory does)."""
+    from lm_eval.tasks._index import Kind
+
+    for name in names:
+        entry = index.get(name)
+        if entry is None:
+            continue
+        if entry.kind == Kind.TAG:
+            yield from _leaves(index, sorted(entry.tags))
+        elif entry.kind == Kind.GROUP:
+            yield from _members(index, _config(entry), {})
+        else:
+            yield name, _config(entry)
+
+
+def _members(index: dict[str, Any], group: dict, overrides: dict) -> Iterator[tuple[str, dict]]:
+    from lm_eval.config.group import GroupConfig
+
+    structural = {f.name for f in fields(GroupConfig)}
+    inherited = {**{k: v for k, v in group.items() if k not in structural}, **overrides}
+    members = group.get("task")
+    for item in members if isinstance(members, list) else []:
+        if isinstance(item, str):
+            base, extra = item, {}
+        elif isinstance(item, dict) and "group" in item and item["group"] not in index:
+            yield from _members(index, item, inherited)  # an inline subgroup
+            continue
+        elif isinstance(item, dict):
+            base = item.get("task") or item.get("group")
+            extra = {k: v for k, v in item.items() if k not in ("task", "group")}
+        else:
+            continue
+        entry = index.get(base) if isinstance(base, str) else None
+        if entry is None:  # an inline task: the item is its config
+            yield str(base), {**inherited, **item}
+            continue
+        for leaf, cfg in _leaves(index, [base]):
+            yield leaf, {**cfg, **inherited, **extra}
+
+
+def _config(entry: Any) -> dict:
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    if entry.yaml_path:
+        return load_yaml(entry.yaml_path, resolve_func=False)
+    return dict(entry.cfg or {})
