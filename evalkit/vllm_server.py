@@ -3,7 +3,8 @@ port, waited for on /health with a time limit, stopped by its process group (SIG
 SIGKILL after 30 s), also when the caller fails. What the served tests, `make standard` and
 benchmarks/served.py start; vLLM runs in its own environment (`make setup-vllm`: .venv-vllm).
 
-    python -m evalkit.vllm_server --model DIR [--port 8765] [--log FILE] -- CMD ARGS...
+    python -m evalkit.vllm_server --model DIR [--port 8765] [--log-dir DIR]
+        [--engine-arg=--FLAG ...] -- CMD ARGS...
 
 runs CMD while the server is up, with EVALKIT_VLLM_URL=http://127.0.0.1:PORT/v1 in its
 environment, then stops the server; the exit status is CMD's.
@@ -140,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--port", type=int, help="default: a free port")
     p.add_argument("--log-dir", default=".", help="where the server's log goes")
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="one more vLLM flag (repeatable), e.g. "
+                        "--engine-arg=--no-enable-prefix-caching")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -155,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     try:
         with VllmServer(args.model, args.log_dir, port=args.port,
-                        max_model_len=args.max_model_len) as server:
+                        max_model_len=args.max_model_len, extra=args.engine_arg) as server:
             print(f"vllm_server: {args.model} at {server.url} (log {server.log})", file=sys.stderr)
             return subprocess.call(cmd, env={**os.environ, "EVALKIT_VLLM_URL": server.url})
     except (FileNotFoundError, RuntimeError, TimeoutError) as e:

@@ -161,3 +161,28 @@ def test_the_key_works_and_is_in_no_file(mamba2_server, mamba2_dir, keyed, tmp_p
     monkeypatch.setenv("EVALKIT_TEST_WRONG_KEY", "not-the-key")
     assert "refused the API key in $EVALKIT_TEST_WRONG_KEY" in fails(
         "wrongkey", api_key_env="EVALKIT_TEST_WRONG_KEY")
+
+
+def test_resume_against_another_served_model_is_refused(mamba2_server, mamba2_dir, keyed,
+                                                        tmp_path, capsys):
+    """The same URL now serves a model under another name: resuming would mix two models'
+    samples, so it is refused, naming what changed (last in the module: it restarts the
+    module's server under that name)."""
+    tasks = [{"name": "needle", "lengths": [256], "depths": [0.5]}]
+    run_suite(tmp_path, "first", [served(mamba2_server.url, mamba2_dir, "vllm",
+                                          api_key_env=keyed)], tasks=tasks)
+    out = tmp_path / "first"
+    before = (out / "samples.jsonl").read_bytes()
+    mamba2_server.stop()
+    other = VllmServer(mamba2_dir, tmp_path / "logs", port=mamba2_server.port,
+                       extra=("--api-key", KEY, "--served-model-name", "another-model"))
+    try:
+        other.start()
+        capsys.readouterr()
+        assert evalkit_main(["run", "--resume", str(out), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+    finally:
+        other.stop()
+    assert "is not the model this run started with" in err and "served_model" in err, err
+    assert "another-model" in err and "Traceback" not in err
+    assert (out / "samples.jsonl").read_bytes() == before and (out / "DONE").exists()

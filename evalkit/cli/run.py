@@ -207,8 +207,10 @@ def run(args) -> int:
         print(f"evalkit run: this is shard {part} of config {resolved.config_hash[:12]}: "
               f"publish it with the other {part.count - 1} (`evalkit publish DIR...`)")
     if out.failed:
-        print(f"evalkit run: {out.failed} samples failed (see 'error' in samples.jsonl); "
-              f"exit status 1", file=sys.stderr)
+        text, n = out.top_error or ("", 0)
+        common = f"{n} of them: {text[:300]}; " if n else ""
+        print(f"evalkit run: {out.failed} samples failed ({common}see 'error' in "
+              f"samples.jsonl); exit status 1", file=sys.stderr)
     if lm.get("failed"):
         print(f"evalkit run: {lm['failed']} lm-eval task(s) failed (above); `evalkit run "
               f"--resume {out.run_dir}` retries only those; exit status 1", file=sys.stderr)

@@ -28,8 +28,9 @@ def combine_shards(runs: list[Run]) -> list[Run]:
         counts[cfg].add(n)
     for cfg, ns in counts.items():
         if len(ns) > 1:
-            raise ValueError(f"the shards of config {cfg[:12]} split it {' and '.join(map(str, sorted(ns)))} "
-                             f"ways: publish the shards of one split")
+            ways = " and ".join(map(str, sorted(ns)))
+            raise ValueError(f"the shards of config {cfg[:12]} split it {ways} ways: publish "
+                             f"the shards of one split")
     merged = {key: _merge(parts) for key, parts in groups.items()}
     out, placed = [], set()
     for r in runs:

@@ -1,7 +1,8 @@
 """The run loop: for each model, for each task, generate probes, plan, execute, record.
 
     probes (per tokenizer) -> items (one per question) -> over-length? flag : plan
-    plan units (this --shard's part), sharded over ranks -> cached? reuse : execute -> cache -> gather on rank 0
+    plan units (this --shard's part), sharded over ranks -> cached? reuse : execute -> cache
+    -> gather on rank 0
     rank 0: sort samples in suite order -> aggregate -> write the run directory, DONE last
 
 A KeyboardInterrupt (Ctrl-C, or SIGTERM via evalkit run) stops the loop between two samples:
@@ -11,6 +12,7 @@ ends with the same results.json as an uninterrupted run.
 from __future__ import annotations
 
 import gc
+from collections import Counter
 import sys
 import time
 from contextlib import contextmanager
@@ -47,6 +49,7 @@ class RunOutcome:
     interrupted: bool = False
     wall_s: float = 0.0
     prefill: dict = field(default_factory=dict)
+    top_error: tuple[str, int] | None = None  # the most common sample error and its count
 
 
 def _generation_key(run: ModelRun) -> dict:
@@ -457,6 +460,8 @@ def _run(session: _Session, earlier: dict | None, done: bool, argv: list[str] | 
     summ = results["summary"]
     outcome.results = results
     outcome.samples, outcome.failed, outcome.flagged = summ["samples"], summ["failed"], summ["flagged"]
+    errors = Counter(s.error for s in samples if s.error)
+    outcome.top_error = errors.most_common(1)[0] if errors else None
     outcome.cached, outcome.computed = totals["cached"], totals["computed"]
     outcome.prefill = prefill
     outcome.wall_s = time.perf_counter() - t0

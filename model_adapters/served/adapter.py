@@ -126,7 +126,8 @@ class ServedAdapter:
         try:
             import requests
 
-            r = requests.get(root + "/version", timeout=10)
+            # with the key: a server that guards every route (not vLLM's default) still answers
+            r = requests.get(root + "/version", headers=self.client.headers, timeout=10)
             if r.status_code == 200 and isinstance(r.json(), dict) and "version" in r.json():
                 return {"engine": "vllm", "version": str(r.json()["version"])}
         except (requests.RequestException, ValueError):

@@ -87,6 +87,11 @@ class Client:
         self._lock = threading.Lock()
         self._local = threading.local()  # one requests.Session per thread (not thread-safe)
 
+    @property
+    def headers(self) -> dict:
+        """The request headers (with the key, if any): never logged or stored."""
+        return dict(self._headers)
+
     def _session(self) -> requests.Session:
         s = getattr(self._local, "session", None)
         if s is None:
