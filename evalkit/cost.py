@@ -34,32 +34,27 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import json
 import math
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
-import torch.nn as nn
 
-from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
+# the model side (and the names `evalkit cost` and the benchmark use) live in cost_model
+from evalkit.cost_model import (DTYPES, SEGMENT, CostError, CostModel, Shape,  # noqa: F401
+                                build_cost_model, check_dtype, resolve_config)
+from evalkit.model_adapters.dtypes import dtype_name
 from evalkit.probe import MAX_LENGTH
 from evalkit.state_kind import StateBytes
 
 MAX_CONTEXTS = 16
 MAX_DECODE = 4096
-SEGMENT = 2048          # tokens per prefill step (the GLA's prefill_segment: 16 chunks of 128)
 MATMUL_SHAPE = (2048, 3072, 3072)  # [M, K] @ [K, N]
 MEMORY_HEADROOM = 0.9   # refuse when the estimate exceeds this share of the available memory
-DTYPES = ("fp32", "bf16")
 
-
-class CostError(ValueError):
-    """A request `measure_cost` refuses before allocating (bad size, dtype, or memory)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -94,17 +89,6 @@ def check_threads(n: int | None, flag: str = "--threads") -> int:
     if not 1 <= int(n) <= cpus:
         raise CostError(f"{flag} must be between 1 and {cpus} (this machine's CPUs), got {n}")
     return int(n)
-
-
-def check_dtype(dtype: str, flag: str = "--dtype") -> torch.dtype:
-    try:
-        dt = parse_dtype(dtype)
-    except ValueError:
-        raise CostError(f"{flag} must be one of {', '.join(DTYPES)}, got {dtype!r}") from None
-    if dtype_name(dt) not in DTYPES:
-        raise CostError(f"{flag} must be one of {', '.join(DTYPES)} (fp16 matmuls are not a "
-                        f"CPU format), got {dtype!r}")
-    return dt
 
 
 def parse_bytes(text: str, flag: str = "--max-memory") -> int:
@@ -177,339 +161,6 @@ def gib(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"
-
-
-# ---------------------------------------------------------------------------------------
-# Models: one small interface over the GLA and transformers
-# ---------------------------------------------------------------------------------------
-@dataclass
-class Shape:
-    """What the FLOP count and the memory estimate need from a config."""
-    hidden: int
-    intermediate: int
-    layers: int
-    vocab: int
-    mixer_flops_per_token: Callable[[int], float]  # summed over layers, at position t (0-based)
-    state_formula: Callable[[int], StateBytes]     # one sequence after T tokens, as held
-    mixer_width: int                               # widest per-token mixer tensor (q+k+v+g)
-    kv_transient: Callable[[int], int]             # extra bytes a prefill step copies at T
-
-
-@dataclass
-class CostModel:
-    name: str
-    kind: str                  # "gla" | "hf"
-    config: Any
-    dtype: torch.dtype
-    shape: Shape
-    model: nn.Module           # on the meta device until materialise()
-    weights: Path | None       # safetensors folder, or None for random weights
-    build_seconds: float = 0.0
-    _random: bool = field(default=True)
-
-    # -- figures before allocating ---------------------------------------------------------
-    def parameters(self) -> int:
-        seen, n = set(), 0
-        for p in self.model.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                n += p.numel()
-        return n
-
-    def weight_bytes(self) -> int:
-        return self.parameters() * torch.empty(0, dtype=self.dtype).element_size()
-
-    def linear_weights(self) -> tuple[int, int]:
-        """(weights of the linear layers applied to every token, those of the output head)."""
-        head = self.output_head()
-        body = sum(m.weight.numel() for m in self.model.modules()
-                   if isinstance(m, nn.Linear) and m is not head)
-        return body, head.weight.numel()
-
-    def output_head(self) -> nn.Module:
-        return self.model.lm_head
-
-    def prefill_flops(self, T: int) -> float:
-        body, head = self.linear_weights()
-        mixer = sum(self.shape.mixer_flops_per_token(t) for t in _sample_positions(T))
-        mixer *= T / len(_sample_positions(T))
-        return 2.0 * body * T + 2.0 * head + mixer
-
-    def need_bytes(self, T: int, segment: int) -> dict[str, int]:
-        """Upper estimate of what measuring context T allocates beyond the weights."""
-        s, sh = min(T, segment), self.shape
-        fp32 = 4
-        # per prefill step, one layer's live tensors (fp32 bound): residual + norms, the
-        # mixer's projections and their fp32 copies, the MLP's three intermediate tensors
-        act = s * fp32 * (6 * sh.hidden + 3 * sh.intermediate + 3 * sh.mixer_width)
-        act += 2 * sh.vocab * fp32 + sh.kv_transient(T)
-        state = self.shape.state_formula(T + 1).total  # + decode steps are counted below
-        return {"state": state, "activations": act}
-
-    # -- building ---------------------------------------------------------------------------
-    def materialise(self, seed: int = 0) -> None:
-        t0 = time.perf_counter()
-        if self.weights is not None:
-            self.model = _load_weights(self)
-            self._random = False
-        else:
-            _materialise_random(self.model, self.dtype, _init_std(self.config), seed)
-            if self.kind == "hf":
-                self.model.tie_weights()
-        self.model.eval()
-        self.build_seconds = time.perf_counter() - t0
-
-    # -- running ----------------------------------------------------------------------------
-    def prefill(self, ids: torch.Tensor, segment: int, progress: Callable[[int], None]):
-        """Stream ids [1, T]; returns (state, last logits [V])."""
-        T = ids.shape[1]
-        if self.kind == "gla":
-            state, last = None, None
-            for start in range(0, T, segment):
-                piece = ids[:, start:start + segment]
-                last, state = self.model.prefill(piece, state, segment=segment)
-                progress(piece.shape[1])
-            return state, last[0]
-        from evalkit.model_adapters.softmax import kv_cache
-
-        cache = kv_cache.new_cache(self.model)
-        kw = kv_cache.cache_kwarg(self.model)
-        last = None
-        for start in range(0, T, segment):
-            piece = ids[:, start:start + segment]
-            pos = torch.arange(start, start + piece.shape[1])[None]
-            out = self.model(input_ids=piece, position_ids=pos, use_cache=True,
-                             logits_to_keep=1, **{kw: cache})
-            last = out.logits[0, -1].float()
-            del out
-            progress(piece.shape[1])
-        return (cache, T), last
-
-    def decode_step(self, token: int, state):
-        if self.kind == "gla":
-            logits, state = self.model.decode_step(torch.tensor([token]), state)
-            return state, logits[0]
-        from evalkit.model_adapters.softmax import kv_cache
-
-        cache, pos = state
-        out = self.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[pos]]),
-                         use_cache=True, logits_to_keep=1,
-                         **{kv_cache.cache_kwarg(self.model): cache})
-        return (cache, pos + 1), out.logits[0, -1].float()
-
-    def state_parts(self, state) -> tuple[StateBytes, int]:
-        """(bytes held by part, number of elements) of the state after the prefill."""
-        if self.kind == "gla":
-            return state.parts(), sum(t.numel() for t in state.tensors()) // state.batch_size
-        from evalkit.model_adapters.cache_state import cache_state, cache_tensors
-
-        cache = state[0]
-        return cache_state(cache), sum(t.numel() for t in cache_tensors(cache))
-
-
-def _sample_positions(T: int) -> list[int]:
-    """Positions at which the mixer's per-token FLOPs are summed (all, or 64 evenly spread:
-    the terms are linear in t, so the mean of evenly spread samples is exact enough)."""
-    if T <= 64:
-        return list(range(T))
-    return [round(i * (T - 1) / 63) for i in range(64)]
-
-
-def _init_std(config: Any) -> float:
-    std = getattr(config, "initializer_range", None)
-    return float(std) if isinstance(std, (int, float)) and std > 0 else 0.02
-
-
-@torch.no_grad()
-def _materialise_random(model: nn.Module, dtype: torch.dtype, std: float, seed: int) -> None:
-    """Give every meta parameter real storage in `dtype`, one at a time: normal(0, std) for
-    weights, ones for norm scales, zeros for biases. Shared (tied) parameters stay shared."""
-    gen = torch.Generator().manual_seed(seed)
-    done: dict[int, nn.Parameter] = {}
-    for mod in model.modules():
-        is_norm = "norm" in type(mod).__name__.lower()
-        for name, p in list(mod._parameters.items()):
-            if p is None:
-                continue
-            if id(p) not in done:
-                t = torch.empty(p.shape, dtype=dtype if p.is_floating_point() else p.dtype)
-                if name == "bias":
-                    t.zero_()
-                elif is_norm and p.dim() == 1:
-                    t.fill_(1.0)
-                else:
-                    t.normal_(0.0, std, generator=gen)
-                done[id(p)] = nn.Parameter(t, requires_grad=False)
-            mod._parameters[name] = done[id(p)]
-    left = [n for n, p in model.named_parameters() if p.is_meta]
-    if left:
-        raise RuntimeError(f"parameters left on the meta device: {left[:5]}")
-
-
-def _load_weights(cm: CostModel) -> nn.Module:
-    if cm.kind == "gla":
-        from evalkit.model_adapters.gla.checkpoint import load_checkpoint
-
-        model, _ = load_checkpoint(cm.weights, device=torch.device("cpu"), dtype=cm.dtype)
-        return model
-    from transformers import AutoModelForCausalLM
-
-    # use_safetensors=True: never unpickle .bin weights
-    return AutoModelForCausalLM.from_pretrained(str(cm.weights), dtype=cm.dtype,
-                                                use_safetensors=True, local_files_only=True)
-
-
-# ---------------------------------------------------------------------------------------
-# Resolving MODEL: registered name, name:PATH, folder or config.json; or a config object
-# ---------------------------------------------------------------------------------------
-def resolve_config(spec: str) -> tuple[Path, Path | None]:
-    """(config.json, weights folder or None) for a model spec."""
-    from evalkit.models import config_file
-
-    try:
-        cfg = config_file(spec)
-    except FileNotFoundError:
-        raise
-    except ValueError as e:
-        raise CostError(str(e)) from None
-    # weights only from a folder (given, or as NAME:PATH), never beside a named config file
-    given = Path(spec).expanduser()
-    folder_given = given.is_dir() or (not given.exists() and ":" in spec
-                                      and Path(spec.partition(":")[2]).expanduser().is_dir())
-    folder = cfg.parent
-    has_weights = folder_given and (any(folder.glob("*.safetensors"))
-                                     or (folder / "model.safetensors.index.json").is_file())
-    return cfg, (folder if has_weights else None)
-
-
-def build_cost_model(spec: Any, dtype: str | torch.dtype = "bf16", *, name: str | None = None
-                     ) -> CostModel:
-    """A CostModel on the meta device (nothing allocated) for a spec string, a GLAConfig or a
-    transformers config."""
-    from evalkit.model_adapters.gla.config import GLAConfig
-
-    dt = dtype if isinstance(dtype, torch.dtype) else check_dtype(dtype)
-    weights = None
-    if isinstance(spec, (str, os.PathLike)):
-        cfg_path, weights = resolve_config(str(spec))
-        name = name or str(spec)
-        try:
-            raw = json.loads(cfg_path.read_text())
-        except ValueError as e:
-            raise CostError(f"{cfg_path}: not valid JSON ({e})") from e
-        if not isinstance(raw, dict):
-            raise CostError(f"{cfg_path}: expected a JSON object")
-        if raw.get("model_type", "gla") == "gla":
-            config = GLAConfig.from_json(cfg_path)
-        else:
-            from transformers import AutoConfig
-
-            config = AutoConfig.from_pretrained(str(cfg_path), local_files_only=True)
-    else:
-        config, name = spec, name or type(spec).__name__
-    if isinstance(config, GLAConfig):
-        return _gla_cost_model(name, config, dt, weights)
-    return _hf_cost_model(name, config, dt, weights)
-
-
-def _empty_weights():
-    from accelerate import init_empty_weights
-
-    return init_empty_weights(include_buffers=False)  # buffers (rotary tables) computed for real
-
-
-def _gla_cost_model(name: str, cfg, dt: torch.dtype, weights: Path | None) -> CostModel:
-    from evalkit.model_adapters.gla.model import GLAForCausalLM
-    from evalkit.model_adapters.gla.state import STATE_DTYPE
-
-    with _empty_weights():
-        model = GLAForCausalLM(cfg)
-    model.to(dtype=dt)  # meta tensors: only their dtype changes
-    model.set_ops(mode="chunk")
-    H, K, V = cfg.num_heads, cfg.head_k_dim, cfg.head_v_dim
-    n_gla = cfg.mixers.count("gla")
-    attn_layers = cfg.mixers.count("attn")
-    a = cfg.attn_spec if attn_layers else None
-    q_width = cfg.hidden_size  # attention layers: heads x head dim = hidden
-
-    def mixer_flops(t: int) -> float:
-        f = n_gla * 4.0 * H * K * V
-        if a is not None:
-            span = t + 1 if a["window_size"] is None else min(t + 1, a["window_size"])
-            f += attn_layers * 4.0 * q_width * span
-        return f
-
-    shape = Shape(hidden=cfg.hidden_size, intermediate=cfg.mlp_intermediate_size if cfg.use_mlp else 0,
-                  layers=cfg.num_hidden_layers, vocab=cfg.vocab_size,
-                  mixer_flops_per_token=mixer_flops,
-                  state_formula=lambda T: cfg.state_parts(T, STATE_DTYPE),
-                  mixer_width=2 * cfg.key_dim + 2 * cfg.value_dim,
-                  kv_transient=lambda T: (4 * cfg.attn_kv_width() * T * 4 if a else 0))
-    return CostModel(name, "gla", cfg, dt, shape, model, weights)
-
-
-def _hf_cost_model(name: str, config, dt: torch.dtype, weights: Path | None) -> CostModel:
-    from transformers import AutoModelForCausalLM
-
-    text = config.get_text_config(decoder=True)
-    with _empty_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=dt,
-                                                 attn_implementation=_attn_impl(config))
-    heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    size = torch.empty(0, dtype=dt).element_size()
-    formula = _hf_state_formula(config, dt)
-    n_attn = _attention_layers(text)
-
-    shape = Shape(hidden=text.hidden_size, intermediate=getattr(text, "intermediate_size", 0) or 0,
-                  layers=text.num_hidden_layers, vocab=text.vocab_size,
-                  mixer_flops_per_token=lambda t: n_attn * 4.0 * heads * head_dim * (t + 1),
-                  state_formula=formula,
-                  mixer_width=(heads + 2 * kv_heads) * head_dim,
-                  # a step concatenates one layer's K and V, and SDPA may expand them to every
-                  # query head (repeat_kv) and build a [segment, T] mask
-                  kv_transient=lambda T: (2 * (kv_heads + heads) * head_dim * T * size
-                                          + SEGMENT * T * 4))
-    cm = CostModel(name, "hf", config, dt, shape, model, weights)
-    return cm
-
-
-def _attn_impl(config) -> str:
-    return "sdpa"
-
-
-def _attention_layers(text) -> int:
-    types = getattr(text, "layer_types", None)
-    if types:
-        return sum(t in ("full_attention", "sliding_attention") for t in types)
-    return text.num_hidden_layers
-
-
-def _hf_state_formula(config, dt: torch.dtype) -> Callable[[int], StateBytes]:
-    """The config formula `evalkit state` uses (recurrent/formula.py) for the families it
-    knows; a plain softmax model's KV cache otherwise: per layer 2 x kv_heads x head_dim per
-    token (the last window - 1 tokens for a sliding layer, as DynamicSlidingWindowLayer)."""
-    from evalkit.model_adapters.recurrent.formula import FAMILIES, _kv_per_token, state_at
-
-    text = config.get_text_config(decoder=True)
-    if text.model_type in FAMILIES:
-        return lambda T: state_at(config, T, dt)
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
-    size = torch.empty(0, dtype=dt).element_size()
-    per_token = _kv_per_token(text) * size
-    types, kwargs = get_layer_types_and_kwargs(text)
-
-    def at(T: int) -> StateBytes:
-        total = StateBytes()
-        for t, kw in zip(types, kwargs):
-            if t in ("sliding_attention", "chunked_attention"):
-                total += StateBytes(window=per_token * min(T, kw["sliding_window"] - 1))
-            else:
-                total += StateBytes(growing=per_token * T)
-        return total
-    return at
 
 
 # ---------------------------------------------------------------------------------------
