@@ -112,7 +112,7 @@ class _Session:
         if self.on_model is not None:
             self.on_model({**self.earlier_models, **self.models})
         gen = self.resolved.suite.generation
-        arrivals = self.resolved.arrivals if _served(m) else None  # in-process: unloaded
+        arrivals = self.resolved.arrivals if m.served else None  # in-process: unloaded
         run = ModelRun(adapter, m.name, mhash, kind, tuple(gen.stop), gen.max_new_tokens,
                        arrivals.label if arrivals is not None else None)
         torch.manual_seed(self.resolved.suite.seed)
@@ -269,12 +269,6 @@ def _torch_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
-
-
-def _served(m: ResolvedModel) -> bool:
-    from evalkit.models import resolve_spec
-
-    return resolve_spec(m.spec)[0].kind == "served"
 
 
 def _short(v: Any) -> str:

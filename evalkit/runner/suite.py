@@ -215,6 +215,7 @@ class ResolvedModel:
     spec: str
     options: dict
     published: str | None = None
+    served: bool = False   # behind a server (a served:URL spec): what --arrivals loads
 
 
 @dataclass(frozen=True)
@@ -283,6 +284,12 @@ def import_plugins(plugins: Sequence[str], where: str) -> None:
                 raise SuiteError(f"{where}: key 'plugins': module {ref!r} not found") from None
             raise SuiteError(f"{where}: key 'plugins': {ref}: importing it failed: "
                              f"{type(e).__name__}: {e}") from None
+
+
+def _is_served(spec: str) -> bool:
+    from evalkit.models import resolve_spec
+
+    return resolve_spec(spec)[0].kind == "served"
 
 
 def _check_model(spec: str, where: str, i: int, name: str) -> None:
@@ -356,7 +363,7 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
         spec = _expand(m.spec_name, source, f"models.{i}.spec")
         options = _expand(dict(m.options), source, f"models.{i}.options")
         _check_model(spec, source, i, m.name)
-        models.append(ResolvedModel(m.name, spec, options, m.published))
+        models.append(ResolvedModel(m.name, spec, options, m.published, _is_served(spec)))
 
     try:
         registry = discover(suite.include)
@@ -422,14 +429,13 @@ def _arrivals(text: str | None, models: Sequence[ResolvedModel], source: str):
     so one suite holds both and a shared --cache-dir evaluates the in-process ones once."""
     if text is None:
         return None
-    from evalkit.models import resolve_spec
     from evalkit.runner.arrivals import parse
 
     try:
         arrivals = parse(text, f"{source}: key 'arrivals'")
     except ValueError as e:
         raise SuiteError(str(e)) from None
-    if not any(resolve_spec(m.spec)[0].kind == "served" for m in models):
+    if not any(m.served for m in models):
         names = ", ".join(m.name for m in models)
         raise SuiteError(f"{source}: key 'arrivals': no served model ({names} run in this "
                          f"process); arrivals load a server: give a served:URL model")
