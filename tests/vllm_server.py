@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from evalkit import vllm_server as _served
+from evalkit.cell_stats import mean_stderr
 from evalkit.vllm_server import free_port  # noqa: F401 (the tests' import point)
 
 
@@ -80,7 +81,8 @@ def by_key(rows: list[dict], model: str) -> dict:
 
 def check_parity(rows: list[dict], local_name: str, served_name: str) -> None:
     """In-process vs served on the same probes: greedy answers identical on >= 95 % (the
-    count is printed), forced-choice log-probabilities within 1e-3, the same prompt tokens
+    count is printed), forced-choice log-probabilities within 1e-3, recall per cell equal
+    within its 95 % interval (every metric), the same prompt tokens
     and state bytes, and a TTFT within each latency."""
     local, remote = by_key(rows, local_name), by_key(rows, served_name)
     assert local.keys() == remote.keys() and len(local) >= 6
@@ -94,6 +96,17 @@ def check_parity(rows: list[dict], local_name: str, served_name: str) -> None:
           f"max {worst:.2e}")
     assert same >= 0.95 * len(local)
     assert worst <= 1e-3
+    # recall per cell (task, length, depth, load) equal within its 95 % interval, per metric
+    cells: dict = {}
+    for k in local:
+        r = local[k]
+        cell = (r["task"], r["target_length"], r["depth"], r["load"])
+        for m, v in r["scores"].items():
+            cells.setdefault((cell, m), ([], []))[0].append(v)
+            cells[(cell, m)][1].append(remote[k]["scores"][m])
+    for (cell, m), (a, b) in cells.items():
+        (ma, sa), (mb, sb) = mean_stderr(a), mean_stderr(b)
+        assert abs(ma - mb) <= 1.96 * max(sa, sb) + 1e-9, (cell, m, ma, mb)
     for k in local:  # the same prompt tokens went out, and the state came from the config
         assert remote[k]["prompt_tokens"] == local[k]["prompt_tokens"]
         assert remote[k]["state_bytes"] == local[k]["state_bytes"]
