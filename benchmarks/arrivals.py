@@ -3,6 +3,7 @@ bucketed runner, for cpu eager, cpu torch.compile and xla, with and without buck
 
     python benchmarks/arrivals.py                    # the modest default (2 cores: minutes)
     python benchmarks/arrivals.py --requests 64 --compile-backend inductor
+    python benchmarks/arrivals.py --model laplace --model-args dtype=bf16 --modes xla ...  # 3B
     make bench-arrivals                              # the same in .venv-xla (PJRT_DEVICE=CPU)
 
 The stream: Poisson arrivals (--rate per second), prompt lengths log-uniform in
@@ -101,7 +102,7 @@ def run_mode(args) -> dict:
     import evalkit
 
     torch.set_num_threads(args.threads)
-    opts = dict(length_buckets=args.length_buckets, batch_buckets=args.batch_buckets)
+    opts = dict(args.model_args, length_buckets=args.length_buckets, batch_buckets=args.batch_buckets)
     if args.mode == "xla":
         model = evalkit.load_model(args.model, device="xla", **opts)
     elif args.mode == "compile":
@@ -140,6 +141,7 @@ def run_mode(args) -> dict:
     pct = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]  # noqa: E731
     return {"mode": args.mode, "shapes": args.shapes, "compilations": c1 - c0, "compile_s": s1 - s0,
             "late_compilations": c1 - half,
+            "compile_s_per_graph": (s1 - s0) / (c1 - c0) if c1 > c0 else 0.0,
             "busy_s": busy, "compile_share": (s1 - s0) / busy if busy else 0.0,
             "computed_per_real": computed / real, "p50_s": pct(0.5), "p99_s": pct(0.99),
             "buckets_touched": len(runner.buckets_touched), "shapes_seen": len(runner.shapes_seen)}
@@ -152,6 +154,12 @@ def positive(kind, cap):
             raise argparse.ArgumentTypeError(f"expected a number in (0, {cap}], got {text}")
         return v
     return parse
+
+
+def model_args(text: str) -> dict:
+    from evalkit.cli.run import _model_args  # the parser `evalkit run --model-args` uses
+
+    return _model_args(text)
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -168,6 +176,8 @@ def main(argv=None) -> int:
     p.add_argument("--decode", type=positive(int, 256), default=4, help="greedy tokens per request")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="recall-gla-tiny")
+    p.add_argument("--model-args", type=model_args, default={},
+                   help="k=v,... load options, as for evalkit run (e.g. dtype=bf16 for laplace)")
     p.add_argument("--vocab", type=positive(int, 1 << 20), default=2048, help="token ids drawn below this")
     p.add_argument("--length-buckets", type=int_list, default=(128, 512))
     p.add_argument("--batch-buckets", type=int_list, default=(1, 2, 4))
@@ -211,7 +221,8 @@ def main(argv=None) -> int:
             label = f"{mode} ({args.compile_backend})" if mode == "compile" else mode
             print(f"{label:<22} {shapes:<8} compilations {x['compilations']:>3} "
                   f"({x['late_compilations']:>2} in the 2nd half)  compiling "
-                  f"{x['compile_s']:7.1f} s of {x['busy_s']:7.1f} s busy ({100 * x['compile_share']:4.1f} %)  "
+                  f"{x['compile_s']:7.1f} s of {x['busy_s']:7.1f} s busy ({100 * x['compile_share']:4.1f} %; "
+                  f"{x['compile_s_per_graph']:.1f} s a graph)  "
                   f"computed/real tokens {x['computed_per_real']:.2f}  latency p50 {x['p50_s']:6.2f} s  "
                   f"p99 {x['p99_s']:6.2f} s", flush=True)
     for mode in modes:

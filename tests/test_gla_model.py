@@ -143,3 +143,32 @@ def test_training_backward_through_chunked_op():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gated", [False, True])
+def test_rms_norm_is_flas_formula(dtype, gated):
+    """The fused F.rms_norm path gives fla's numbers: fp32 statistics, the weight and the
+    swish gate in fp32, one rounding to the input's dtype at the end; with autograd too."""
+    from evalkit.model_adapters.gla.model import RMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 17, 96, generator=g) * 3).to(dtype)
+    gate = torch.randn(3, 17, 96, generator=g).to(dtype) if gated else None
+    norm = RMSNorm(96, 1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(96, generator=g))
+    ref = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.float()
+    if gated:
+        ref = ref * torch.nn.functional.silu(gate.float())
+    ref = ref.to(dtype)
+    before = None if gate is None else gate.clone()
+    with torch.no_grad():
+        out = norm(x, gate)
+    assert out.dtype == dtype
+    tol = 0 if dtype == torch.float32 else 1e-2  # bf16: at most an ulp apart where they differ
+    assert torch.allclose(out.float(), ref.float(), rtol=tol, atol=1e-6 if tol == 0 else 1e-2)
+    assert (out != ref).float().mean() < (1e-4 if dtype == torch.float32 else 0.01)
+    assert torch.equal(norm(x, gate), out)  # the autograd path: the same numbers
+    if gated:
+        assert torch.equal(gate, before)  # the caller's gate is never overwritten in place

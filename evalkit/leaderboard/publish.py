@@ -66,6 +66,16 @@ def check_target(target: Path) -> None:
                          f"(no results.json with format {FORMAT!r}); refusing to replace it")
 
 
+def refuse_random_weights(runs) -> None:
+    """A model with random weights (laplace without a checkpoint, random_seed) measures cost,
+    not recall: its scores mean nothing, so no board shows them."""
+    bad = [f"{m} in {r.path}" for r in runs for m, ident in sorted(r.models.items())
+           if (ident or {}).get("random_weights")]
+    if bad:
+        raise ValueError(f"refusing to publish random-weight model(s): {'; '.join(bad)}. Their "
+                         f"scores mean nothing; run them with a checkpoint (e.g. laplace:PATH)")
+
+
 def publish(run_dirs: Sequence[str | os.PathLike], to: str | os.PathLike,
             options: Options | None = None,
             compare: Sequence[str | os.PathLike] = ()) -> Published:
@@ -75,6 +85,7 @@ def publish(run_dirs: Sequence[str | os.PathLike], to: str | os.PathLike,
         raise ValueError(f"--to {to}: give a leaderboard folder, not the current or root folder")
     check_target(target)
     runs = [load_run(p) for p in expand_run_dirs(run_dirs)]  # fail before touching anything
+    refuse_random_weights(runs)
     runs = combine_shards(runs)  # the N parts of a --shard run as one
     board = build(runs, options)
     drift = [(str(d), read_report(d)) for d in compare]

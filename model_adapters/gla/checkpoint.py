@@ -141,6 +141,21 @@ def load_checkpoint(folder: str | os.PathLike, device: str | torch.device = "cpu
     return model, cfg
 
 
+def random_model(config: str | os.PathLike, seed: int, device: str | torch.device = "cpu",
+                 dtype: str | torch.dtype = torch.float32) -> tuple[GLAForCausalLM, GLAConfig]:
+    """A GLA model of `config` (a config.json) with random weights from `seed`, built on the
+    meta device and materialised parameter by parameter in `dtype` (model_adapters.random_weights)."""
+    from evalkit.model_adapters.random_weights import init_std, materialise_random
+
+    cfg = GLAConfig.from_json(Path(config).expanduser())
+    with torch.device("meta"):
+        model = GLAForCausalLM(cfg)
+    materialise_random(model, parse_dtype(dtype), init_std(cfg), seed)
+    model.to(device)
+    model.eval()
+    return model, cfg
+
+
 def save_checkpoint(model: GLAForCausalLM, config: GLAConfig, folder: str | os.PathLike,
                     mlp_layout: str = "split", norm_name: str | None = None) -> Path:
     """Write config.json + model.safetensors in fla's names.
