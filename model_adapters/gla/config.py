@@ -57,6 +57,10 @@ class GLAConfig:
     # Ours, for mixer twins (Zoology's MQAR models): layers whose mixer is a gated short
     # convolution ({"layers": [0], "kernel_size": 3}) and whether blocks carry an MLP.
     gated_conv: dict | None = None
+    # Ours, for linearized twins (LoLCATs): layers whose mixer is softmax attention over the
+    # last `window` tokens plus a gated linear state over older ones (window_linear.py); their
+    # heads, projections and rotary come from `attn`.
+    window_linear: dict | None = None
     use_mlp: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -108,7 +112,7 @@ class GLAConfig:
     def to_dict(self) -> dict[str, Any]:
         d = {"model_type": "gla", "architectures": ["GLAForCausalLM"]}
         d.update(self.extra)
-        d.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"})
+        d.update(self._typed())
         return d
 
     def save(self, folder: str | os.PathLike) -> Path:
@@ -118,8 +122,13 @@ class GLAConfig:
 
     def config_hash(self) -> str:
         """SHA-256 of the fields that change the computation (not names or bookkeeping)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(self._typed(), sort_keys=True).encode()).hexdigest()
+
+    def _typed(self) -> dict[str, Any]:
+        # window_linear came later: left out when unset, so older configs keep their hash (MQAR
+        # recipe hashes and runner cache keys depend on it) and their config.json
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "extra" and not (f.name == "window_linear" and self.window_linear is None)}
 
     def validate(self, source: str = "config") -> None:
         errs = []
@@ -155,7 +164,8 @@ class GLAConfig:
     def _mixer_errors(self) -> list[str]:
         errs = []
         for key, known, required in (("attn", ATTN_KEYS, ("layers", "num_heads")),
-                                     ("gated_conv", CONV_KEYS, ("layers",))):
+                                     ("gated_conv", CONV_KEYS, ("layers",)),
+                                     ("window_linear", WINDOW_LINEAR_KEYS, ("layers", "window"))):
             spec = getattr(self, key)
             if spec is None:
                 continue
@@ -173,9 +183,10 @@ class GLAConfig:
                             f"[0, {self.num_hidden_layers}), got {layers!r}")
         if errs:
             return errs
-        both = set(self._layers("attn")) & set(self._layers("gated_conv"))
-        if both:
-            errs.append(f"layer(s) {sorted(both)} are in both attn.layers and gated_conv.layers")
+        for a, b in (("attn", "gated_conv"), ("attn", "window_linear"), ("gated_conv", "window_linear")):
+            both = set(self._layers(a)) & set(self._layers(b))
+            if both:
+                errs.append(f"layer(s) {sorted(both)} are in both {a}.layers and {b}.layers")
         if self.attn is not None:
             a = self.attn_spec
             if a["num_heads"] < 1 or self.hidden_size % a["num_heads"]:
@@ -195,6 +206,31 @@ class GLAConfig:
             k = self.gated_conv.get("kernel_size", 3)
             if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
                 errs.append(f"gated_conv.kernel_size must be an integer in [1, 64], got {k!r}")
+        if self.window_linear is not None:
+            errs += self._window_linear_errors()
+        return errs
+
+    def _window_linear_errors(self) -> list[str]:
+        w, errs = self.window_linear_spec, []
+        if self.attn is None:
+            errs.append("window_linear needs an attn mapping (its heads, kv heads, bias and "
+                        "rope_theta are attention's; attn.layers may be empty)")
+        n = w["window"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            errs.append(f"window_linear.window must be a positive integer, got {n!r}")
+        if w["feature_map"] not in WINDOW_LINEAR_FEATURE_MAPS:
+            errs.append(f"window_linear.feature_map must be one of "
+                        f"{', '.join(WINDOW_LINEAR_FEATURE_MAPS)}, got {w['feature_map']!r}")
+        f = w["feature_dim"]
+        if isinstance(f, bool) or not isinstance(f, int) or f < 1:
+            errs.append(f"window_linear.feature_dim must be a positive integer, got {f!r}")
+        if w["gate"] not in WINDOW_LINEAR_GATES:
+            errs.append(f"window_linear.gate must be one of {', '.join(WINDOW_LINEAR_GATES)}, "
+                        f"got {w['gate']!r}")
+        m = w["mix"]
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < 1:
+            errs.append(f"window_linear.mix (the initial window weight) must be a number in "
+                        f"(0, 1), got {m!r}")
         return errs
 
     def _layers(self, key: str) -> list[int]:
@@ -213,12 +249,33 @@ class GLAConfig:
         a.setdefault("rope_theta", 10000.0)
         return a
 
+    @property
+    def window_linear_spec(self) -> dict[str, Any]:
+        """The twin layers' settings with defaults filled in: LoLCATs' Hedgehog map with 64
+        features (128 after [xW, -xW]), Liger's key gate, window weight 0.5 at init."""
+        w = dict(self.window_linear or {})
+        w.setdefault("feature_map", "hedgehog")
+        w.setdefault("feature_dim", 64)
+        w.setdefault("gate", "key")
+        w.setdefault("mix", 0.5)
+        return w
+
+    @property
+    def window_linear_features(self) -> int:
+        """Features per head of the linear part: 2 x feature_dim (hedgehog), 2 x head dim
+        (softmax: [softmax(x), softmax(-x)] of the head itself)."""
+        w = self.window_linear_spec
+        d = self.hidden_size // self.attn_spec["num_heads"]
+        return 2 * (w["feature_dim"] if w["feature_map"] == "hedgehog" else d)
+
     def mixer(self, layer: int) -> str:
-        """"attn", "gated_conv" or "gla": the sequence mixer of layer `layer`."""
+        """"attn", "gated_conv", "window_linear" or "gla": the sequence mixer of layer `layer`."""
         if layer in self._layers("attn"):
             return "attn"
         if layer in self._layers("gated_conv"):
             return "gated_conv"
+        if layer in self._layers("window_linear"):
+            return "window_linear"
         return "gla"
 
     @property
@@ -290,7 +347,8 @@ class GLAConfig:
         for mixer in self.mixers:
             total += h + (3 * h * self.mlp_intermediate_size + h if self.use_mlp else 0)
             total += {"gla": self._gla_params, "attn": self._attn_params,
-                      "gated_conv": self._conv_params}[mixer]()
+                      "gated_conv": self._conv_params,
+                      "window_linear": self._window_linear_params}[mixer]()
         return total
 
     def _gla_params(self) -> int:
@@ -307,6 +365,15 @@ class GLAConfig:
         a, h = self.attn_spec, self.hidden_size
         kv = a["num_kv_heads"] * (h // a["num_heads"])
         return 2 * h * h + 2 * h * kv + ((h + 2 * kv) if a["qkv_bias"] else 0)
+
+    def _window_linear_params(self) -> int:
+        w, H = self.window_linear_spec, self.attn_spec["num_heads"]
+        n = self._attn_params() + H                                          # + mix logits
+        if w["feature_map"] == "hedgehog":                                   # q and k maps
+            n += 2 * H * (self.hidden_size // H) * w["feature_dim"]
+        if w["gate"] == "learned":
+            n += self.hidden_size * H + H
+        return n
 
     def _conv_params(self) -> int:
         h = self.hidden_size
@@ -330,7 +397,8 @@ class GLAConfig:
         """One sequence's state after `context` tokens, split into fixed / window / growing:
         a GLA layer H*d_k*d_v plus its conv tails (conv_size positions per q/k/v channel,
         fla's cache convention), a gated convolution d*kernel, an attention layer 2*d_kv per
-        cached token (min(context, window) with a window)."""
+        cached token (min(context, window) with a window), a window_linear layer its window's
+        K, V plus H*F*(d_v+1)."""
         size, parts = parse_dtype(dtype).itemsize, StateBytes()
         for mixer in self.mixers:
             if mixer == "gla":
@@ -339,6 +407,12 @@ class GLAConfig:
                                     recurrent=True)
             elif mixer == "gated_conv":
                 parts += StateBytes(fixed=self.hidden_size * self.gated_conv_kernel * size)
+            elif mixer == "window_linear":
+                # [H, F, d_v + 1] (the last column is the normaliser) and the window's K, V
+                H, d = self.attn_spec["num_heads"], self.hidden_size // self.attn_spec["num_heads"]
+                fixed = H * self.window_linear_features * (d + 1) * size
+                n = 2 * self.attn_kv_width() * min(context, self.window_linear_spec["window"]) * size
+                parts += StateBytes(fixed=fixed, recurrent=True, window=n)
             else:
                 w = self.attn_spec["window_size"]
                 n = 2 * self.attn_kv_width() * (context if w is None else min(context, w)) * size
@@ -353,7 +427,7 @@ class GLAConfig:
         """Bytes of one sequence's state (see state_parts); `context` is needed only when a
         layer holds a KV cache."""
         if context is None:
-            if "attn" in self.mixers:
+            if {"attn", "window_linear"} & set(self.mixers):
                 raise ValueError("state_bytes of a model with attention layers depends on the "
                                  "context length: pass context=")
             context = 1
@@ -366,6 +440,9 @@ class GLAConfig:
 
 ATTN_KEYS = ("layers", "num_heads", "num_kv_heads", "qkv_bias", "window_size", "rope_theta")
 CONV_KEYS = ("layers", "kernel_size")
+WINDOW_LINEAR_KEYS = ("layers", "window", "feature_map", "feature_dim", "gate", "mix")
+WINDOW_LINEAR_FEATURE_MAPS = ("hedgehog", "softmax")
+WINDOW_LINEAR_GATES = ("key", "learned", "none")
 
 
 def _check_type(key: str, value: Any, type_str: str) -> str | None:

@@ -29,6 +29,7 @@ from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.mixers import Attention, GatedConv, ShortConvolution
 from evalkit.model_adapters.gla.ops import chunk_gla, fused_recurrent_gla, naive_recurrent_gla
 from evalkit.model_adapters.gla.state import STATE_DTYPE, GLAState, LayerState
+from evalkit.model_adapters.gla.window_linear import WindowLinearAttention
 
 OPS: dict[str, Callable] = {"chunk": chunk_gla, "naive": naive_recurrent_gla,
                             "fused_recurrent": fused_recurrent_gla}
@@ -148,7 +149,8 @@ class GatedMLP(nn.Module):
         return self.down_proj(h.mul_(self.up_proj(x)))
 
 
-MIXERS = {"gla": GatedLinearAttention, "attn": Attention, "gated_conv": GatedConv}
+MIXERS = {"gla": GatedLinearAttention, "attn": Attention, "gated_conv": GatedConv,
+          "window_linear": WindowLinearAttention}
 
 
 class GLABlock(nn.Module):
