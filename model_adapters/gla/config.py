@@ -215,18 +215,14 @@ class GLAConfig:
         if self.attn is None:
             errs.append("window_linear needs an attn mapping (its heads, kv heads, bias and "
                         "rope_theta are attention's; attn.layers may be empty)")
-        n = w["window"]
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            errs.append(f"window_linear.window must be a positive integer, got {n!r}")
-        if w["feature_map"] not in WINDOW_LINEAR_FEATURE_MAPS:
-            errs.append(f"window_linear.feature_map must be one of "
-                        f"{', '.join(WINDOW_LINEAR_FEATURE_MAPS)}, got {w['feature_map']!r}")
-        f = w["feature_dim"]
-        if isinstance(f, bool) or not isinstance(f, int) or f < 1:
-            errs.append(f"window_linear.feature_dim must be a positive integer, got {f!r}")
-        if w["gate"] not in WINDOW_LINEAR_GATES:
-            errs.append(f"window_linear.gate must be one of {', '.join(WINDOW_LINEAR_GATES)}, "
-                        f"got {w['gate']!r}")
+        for key in ("window", "feature_dim"):
+            n = w[key]
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                errs.append(f"window_linear.{key} must be a positive integer, got {n!r}")
+        for key, choices in (("feature_map", WINDOW_LINEAR_FEATURE_MAPS), ("gate", WINDOW_LINEAR_GATES)):
+            if w[key] not in choices:
+                errs.append(f"window_linear.{key} must be one of {', '.join(choices)}, "
+                            f"got {w[key]!r}")
         m = w["mix"]
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < 1:
             errs.append(f"window_linear.mix (the initial window weight) must be a number in "
