@@ -158,9 +158,10 @@ def laplace(path: str | None = None, **options: Any) -> GLAAdapter:
     options.setdefault("name", "laplace")
     if options.get("tokenizer") is None:
         options["tokenizer"] = convert_gguf_once()
+    model = GLAAdapter(LAPLACE_CONFIG, random_seed=seed, **options)
     print(f"laplace: no checkpoint given: random weights (seed {seed}); its scores mean nothing "
           f"and `evalkit publish` refuses them", file=sys.stderr)
-    return GLAAdapter(LAPLACE_CONFIG, random_seed=seed, **options)
+    return model
 
 
 # ---------------------------------------------------------------------------------------------
