@@ -77,7 +77,7 @@ def measure(name: str, args) -> dict:
     t0 = time.perf_counter()
     try:
         res = cost.measure_cost(cm, contexts, decode=args.decode, decode_contexts=args.contexts,
-                                threads=args.threads)
+                                prefill_contexts=args.prefill_contexts, threads=args.threads)
     except cost.CostError as e:
         return {"model": name, "refused": str(e)}
     res["seconds"] = time.perf_counter() - t0
@@ -89,49 +89,53 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
-def report(results: dict, args) -> dict:
-    """Print the figures and goals; returns them as one object."""
-    out: dict = {"models": {}, "goals": []}
+def model_figures(name: str, res: dict, args) -> dict:
+    """Print one model's figures as soon as it is measured (a long run interrupted later keeps
+    them in its log); returns them."""
     c = sorted(args.contexts)
     near8k = min(c, key=lambda t: abs(t - 8192))
-    gla = results.get("laplace")
-    for name, res in results.items():
-        if "refused" in res:
-            print(f"\n{name}: refused: {res['refused']}")
-            out["models"][name] = res
-            continue
-        run, rows = res["run"], res["rows"]
-        print(f"\n{name}: {run['parameters']:,} parameters, {run['dtype']}, {run['threads']} "
-              f"thread(s), built in {run['build_seconds']:.1f} s, measured in {res['seconds']:.0f} s; "
-              f"matmul limit {run['matmul_limit_flops_per_s'] / 1e9:.0f} GFLOP/s")
-        fig: dict = {"run": run, "rows": list(rows.values())}
-        dec = {t: rows[t]["decode_ms_per_token"] for t in c if rows[t]["decode_ms_per_token"]}
-        if dec:
-            base = dec[c[0]]
-            fig["decode_ratios"] = {f"{t}/{c[0]}": dec[t] / base for t in c[1:]}
-            print("  decode ms/token: " + ", ".join(f"{t:,}: {dec[t]:.1f}" for t in c)
-                  + "; ratios " + ", ".join(f"{k} {v:.3f}" for k, v in fig["decode_ratios"].items()))
-        fig["prefill_fraction"] = {t: rows[t]["prefill_fraction_of_matmul_limit"]
-                                   for t in args.prefill_contexts}
-        print("  prefill, fraction of the matmul limit: " + ", ".join(
-            f"{t:,}: {rows[t]['prefill_fraction_of_matmul_limit']:.1%} "
-            f"({rows[t]['prefill_tokens_per_s']:,.1f} tok/s; 2N count "
-            f"{rows[t]['prefill_fraction_2n']:.1%})" for t in sorted(args.prefill_contexts)))
-        peak = {t: rows[t]["peak_memory_bytes"] for t in c}
-        fig["peak_memory_ratio"] = peak[c[-1]] / max(peak[c[0]], 1)
-        print(f"  peak memory added by the prefill: " + ", ".join(
-            f"{t:,}: {peak[t] / 2 ** 20:,.0f} MiB" for t in c)
-            + f"; {c[-1]:,}/{c[0]:,} = {fig['peak_memory_ratio']:.3f}x")
-        st = rows[near8k]
-        fig["state_bytes"] = {"measured": st["state_bytes_measured"],
-                              "formula": st["state_bytes_formula"],
-                              "at_model_dtype": st["state_bytes_at_model_dtype"],
-                              "context": near8k, "kind": st["state_parts_measured"]["kind"]}
-        print(f"  state at {near8k:,}: measured {st['state_bytes_measured']:,} B "
-              f"({st['state_parts_measured']['kind']}), formula {st['state_bytes_formula']:,} B, "
-              f"elements at {run['dtype']}: {st['state_bytes_at_model_dtype']:,} B")
-        out["models"][name] = fig
+    if "refused" in res:
+        print(f"\n{name}: refused: {res['refused']}", flush=True)
+        return res
+    run, rows = res["run"], res["rows"]
+    print(f"\n{name}: {run['parameters']:,} parameters, {run['dtype']}, {run['threads']} "
+          f"thread(s), built in {run['build_seconds']:.1f} s, measured in {res['seconds']:.0f} s; "
+          f"matmul limit {run['matmul_limit_flops_per_s'] / 1e9:.0f} GFLOP/s")
+    fig: dict = {"run": run, "rows": list(rows.values())}
+    dec = {t: rows[t]["decode_ms_per_token"] for t in c if rows[t]["decode_ms_per_token"]}
+    if dec:
+        base = dec[c[0]]
+        fig["decode_ratios"] = {f"{t}/{c[0]}": dec[t] / base for t in c[1:]}
+        print("  decode ms/token: " + ", ".join(f"{t:,}: {dec[t]:.1f}" for t in c)
+              + "; ratios " + ", ".join(f"{k} {v:.3f}" for k, v in fig["decode_ratios"].items()))
+    fig["prefill_fraction"] = {t: rows[t]["prefill_fraction_of_matmul_limit"]
+                               for t in args.prefill_contexts}
+    print("  prefill, fraction of the matmul limit: " + ", ".join(
+        f"{t:,}: {rows[t]['prefill_fraction_of_matmul_limit']:.1%} "
+        f"({rows[t]['prefill_tokens_per_s']:,.1f} tok/s; 2N count "
+        f"{rows[t]['prefill_fraction_2n']:.1%})" for t in sorted(args.prefill_contexts)))
+    peak = {t: rows[t]["peak_memory_bytes"] for t in c}
+    fig["peak_memory_ratio"] = peak[c[-1]] / max(peak[c[0]], 1)
+    print(f"  peak memory added by the prefill: " + ", ".join(
+        f"{t:,}: {peak[t] / 2 ** 20:,.0f} MiB" for t in c)
+        + f"; {c[-1]:,}/{c[0]:,} = {fig['peak_memory_ratio']:.3f}x")
+    st = rows[near8k]
+    fig["state_bytes"] = {"measured": st["state_bytes_measured"],
+                          "formula": st["state_bytes_formula"],
+                          "at_model_dtype": st["state_bytes_at_model_dtype"],
+                          "context": near8k, "kind": st["state_parts_measured"]["kind"]}
+    print(f"  state at {near8k:,}: measured {st['state_bytes_measured']:,} B "
+          f"({st['state_parts_measured']['kind']}), formula {st['state_bytes_formula']:,} B, "
+          f"elements at {run['dtype']}: {st['state_bytes_at_model_dtype']:,} B", flush=True)
+    return fig
 
+
+def report(figures: dict, args) -> dict:
+    """Print the comparisons and goals across the measured models; returns them as one object."""
+    out: dict = {"models": figures, "goals": []}
+    c = sorted(args.contexts)
+    near8k = min(c, key=lambda t: abs(t - 8192))
+    gla = figures.get("laplace")
     if gla and "refused" not in gla:
         g = out["models"]["laplace"]
         layers = args.layers or 24
@@ -208,10 +212,8 @@ def main(argv=None) -> int:
     print(f"real-scale benchmark: {', '.join(names)}; contexts {args.contexts}, prefill "
           f"{args.prefill_contexts}, {args.decode} decode steps, {args.layers or 24} layers, "
           f"{args.dtype}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    results = {}
-    for name in names:
-        results[name] = measure(name, args)
-    figures = report(results, args)
+    figures = report({name: model_figures(name, measure(name, args), args) for name in names},
+                     args)
     wall = time.perf_counter() - t0
     figures["wall_seconds"] = wall
     figures["load_average_end"] = os.getloadavg()[0]

@@ -15,7 +15,9 @@ For each context length T, in one process, at one dtype and thread count:
   rougher 2 x parameters x tokens convention (embeddings and head counted for every token),
   about 10 % higher for a 3B model with a 50K vocabulary.
 - peak memory: resident memory added by the prefill, in a second prefill of the same tokens
-  (the timed one runs with glibc's allocator as a server runs it: see _mmap_threshold). The
+  (the timed one runs with glibc's allocator as a server runs it: see _mmap_threshold); a
+  caller that wants only one of the two figures at a context runs only its prefill
+  (`prefill_contexts`, `decode_contexts`). The
   kernel's high-water mark (VmHWM) is reset right before it (/proc/self/clear_refs), and
   glibc returns freed blocks above 64 KiB to the OS during it (mallopt M_MMAP_THRESHOLD, as
   benchmarks/gla_prefill.py does with MALLOC_MMAP_THRESHOLD_), so the figure follows what
@@ -237,16 +239,24 @@ class _NoBar:
 
 @torch.no_grad()
 def measure_cost(cm: CostModel, contexts: Sequence[int], *, decode: int = 32,
+                 prefill_contexts: Sequence[int] | None = None,
                  decode_contexts: Sequence[int] | None = None, threads: int | None = None,
                  segment: int = SEGMENT, max_memory: int | None = None, seed: int = 0,
                  progress: bool = True, on_row: Callable[[dict], None] | None = None
                  ) -> dict:
     """Measure `cm` at each context (see the module doc). Returns {"run": {...}, "rows": [...]}
-    with one row per context, ascending. `decode_contexts` (default: all) limits the
-    contexts that also measure decode steps."""
+    with one row per context, ascending. Each prefill is run only where its figures are
+    asked for: `prefill_contexts` (default: all) get the timed prefill, `decode_contexts`
+    (default: all) the peak-memory prefill and the decode steps after it. A figure not
+    measured at a context is None in its row; the state is measured in every row."""
     ctx = check_contexts(contexts)
     decode = check_decode(decode)
+    timed = set(ctx if prefill_contexts is None else prefill_contexts)
     with_decode = set(ctx if decode_contexts is None else decode_contexts)
+    if unused := [T for T in ctx if T not in timed | with_decode]:
+        raise CostError(f"contexts {unused} are in neither the prefill nor the decode contexts")
+    if stray := sorted((timed | with_decode) - set(ctx)):
+        raise CostError(f"prefill or decode contexts {stray} are not among the contexts")
     if not 1 <= segment <= MAX_LENGTH:
         raise CostError(f"segment must be between 1 and {MAX_LENGTH:,}, got {segment}")
     threads = check_threads(threads)
@@ -256,7 +266,7 @@ def measure_cost(cm: CostModel, contexts: Sequence[int], *, decode: int = 32,
 
     from tqdm import tqdm
 
-    total = 2 * sum(ctx) + sum(decode + 1 for T in ctx if T in with_decode)
+    total = sum(T for T in ctx if T in timed) + sum(T + decode + 1 for T in ctx if T in with_decode)
     bar = (tqdm(total=total, unit="tok", desc=f"{cm.name}: build", dynamic_ncols=True,
                 leave=False) if progress else _NoBar())
     try:
@@ -273,26 +283,32 @@ def measure_cost(cm: CostModel, contexts: Sequence[int], *, decode: int = 32,
         rows = []
         for T in ctx:
             ids = torch.randint(0, vocab, (1, T), generator=g)
-            bar.set_description_str(f"{cm.name}: prefill {T:,}")
-            gc.collect()
-            t0 = time.perf_counter()
-            state, last = cm.prefill(ids, segment, bar.update)
-            secs = time.perf_counter() - t0
-            del state, last
-            bar.set_description_str(f"{cm.name}: peak memory {T:,}")
-            _mmap_threshold(SMALL_MMAP)
-            try:
-                before = _reset_peak()
+            secs = peak = None
+            if T in timed:
+                bar.set_description_str(f"{cm.name}: prefill {T:,}")
+                gc.collect()
+                t0 = time.perf_counter()
                 state, last = cm.prefill(ids, segment, bar.update)
-                peak = _status_kb("VmHWM") * 1024 - before
-            finally:
-                _mmap_threshold(SERVER_MMAP)
+                secs = time.perf_counter() - t0
+            if T in with_decode:
+                if secs is not None:
+                    del state, last
+                bar.set_description_str(f"{cm.name}: peak memory {T:,}")
+                _mmap_threshold(SMALL_MMAP)
+                try:
+                    before = _reset_peak()
+                    state, last = cm.prefill(ids, segment, bar.update)
+                    peak = _status_kb("VmHWM") * 1024 - before
+                finally:
+                    _mmap_threshold(SERVER_MMAP)
             parts, elements = cm.state_parts(state)
             formula = cm.shape.state_formula(T)
             flops = cm.prefill_flops(T)
             row = {"model": cm.name, "dtype": dtype_name(cm.dtype), "threads": threads,
-                   "context": T, "prefill_seconds": secs, "prefill_tokens_per_s": T / secs,
-                   "prefill_flops": flops, "prefill_flops_per_s": flops / secs,
+                   "context": T, "prefill_seconds": secs,
+                   "prefill_tokens_per_s": None if secs is None else T / secs,
+                   "prefill_flops": flops,
+                   "prefill_flops_per_s": None if secs is None else flops / secs,
                    "prefill_fraction_of_matmul_limit": None,
                    "prefill_fraction_2n": None,
                    "decode_steps": 0, "decode_ms_per_token": None, "decode_ratio": None,
@@ -327,9 +343,10 @@ def measure_cost(cm: CostModel, contexts: Sequence[int], *, decode: int = 32,
     base = next((r["decode_ms_per_token"] for r in rows if r["decode_ms_per_token"]), None)
     for r in rows:
         r["matmul_limit_flops_per_s"] = limit
-        r["prefill_fraction_of_matmul_limit"] = r["prefill_flops_per_s"] / limit
-        # the rougher convention 2 x parameters x tokens (embeddings and head included)
-        r["prefill_fraction_2n"] = 2.0 * params * r["context"] / r["prefill_seconds"] / limit
+        if r["prefill_seconds"] is not None:
+            r["prefill_fraction_of_matmul_limit"] = r["prefill_flops_per_s"] / limit
+            # the rougher convention 2 x parameters x tokens (embeddings and head included)
+            r["prefill_fraction_2n"] = 2.0 * params * r["context"] / r["prefill_seconds"] / limit
         if r["decode_ms_per_token"] is not None and base:
             r["decode_ratio"] = r["decode_ms_per_token"] / base
         _finite(r)

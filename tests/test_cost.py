@@ -72,6 +72,28 @@ def test_llama_cost_kv_grows(configs, capsys):
     assert rows[1]["state_bytes_measured"] == 4 * rows[0]["state_bytes_measured"]
 
 
+def test_each_prefill_only_where_its_figures_are_asked(configs):
+    """The benchmark's split: a prefill-only context is timed once, a decode-only context gets
+    only the peak-memory prefill and the decode steps; both measure the state."""
+    cm = cost.build_cost_model(configs["llama"], "bf16")
+    res = cost.measure_cost(cm, [32, 64, 128], decode=2, prefill_contexts=[32, 128],
+                            decode_contexts=[64, 128], threads=1, progress=False)
+    rows = {r["context"]: r for r in res["rows"]}
+    assert rows[32]["prefill_tokens_per_s"] > 0 and rows[32]["peak_memory_bytes"] is None
+    assert rows[32]["decode_ms_per_token"] is None and rows[32]["decode_steps"] == 0
+    assert rows[64]["prefill_tokens_per_s"] is None
+    assert rows[64]["prefill_fraction_of_matmul_limit"] is None
+    assert rows[64]["peak_memory_bytes"] >= 0 and rows[64]["decode_ms_per_token"] > 0
+    assert rows[128]["prefill_fraction_of_matmul_limit"] > 0 and rows[128]["decode_steps"] == 2
+    assert rows[64]["decode_ratio"] == 1.0  # ratios to the shortest decode context
+    for r in rows.values():
+        assert r["state_bytes_measured"] == r["state_bytes_formula"] == 2 * 2 * 2 * 16 * r["context"] * 2
+    with pytest.raises(cost.CostError, match=r"contexts \[64\] are in neither"):
+        cost.measure_cost(cm, [32, 64], prefill_contexts=[32], decode_contexts=[32], progress=False)
+    with pytest.raises(cost.CostError, match=r"\[256\] are not among the contexts"):
+        cost.measure_cost(cm, [32], decode_contexts=[32, 256], progress=False)
+
+
 def test_table_output(configs, capsys):
     assert main(["cost", configs["gla"], "--contexts", "32", "--decode", "1", "--threads", "1"]) == 0
     out = capsys.readouterr().out
