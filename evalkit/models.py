@@ -42,6 +42,7 @@ BUILTIN_MODULES = (
     "evalkit.model_adapters.hf",
     "evalkit.model_adapters.embedded",
     "evalkit.model_adapters.mqar_models",
+    "evalkit.model_adapters.linearized",
     "evalkit.model_adapters.served.adapter",
 )
 

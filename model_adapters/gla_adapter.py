@@ -9,6 +9,8 @@ step), compile (static-shape buckets through torch.compile on cpu / cuda; xla an
 always run the buckets as XLA graphs, see gla/xla.py), batch_buckets, length_buckets,
 compile_backend, random_seed (random weights from this seed and the folder's config.json instead
 of its checkpoint: the identity says random_weights, and publish refuses such a model).
+A twin folder (gla/twin.py: a parent plus the tensors `evalkit linearize` trained) is
+assembled from its parent, whose tokenizer it uses; its identity names the parent's hash.
 
 A state is a `GLASequence`: the model state for one sequence plus the fp32 logits after its
 last token, which `score` and `generate` need for the first new token. `state_bytes` counts
@@ -32,6 +34,7 @@ from evalkit.model_adapters.gla.checkpoint import load_checkpoint, random_model,
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.device import resolve_device
 from evalkit.model_adapters.gla.model import GLAState
+from evalkit.model_adapters.gla.twin import is_twin, load_twin, parent_folder, twin_files
 from evalkit.model_adapters.random_weights import init_std, weights_id
 from evalkit.model_adapters.weights import weights_hash
 from evalkit.models import register_model
@@ -65,6 +68,7 @@ class GLAAdapter:
         # random_seed: random weights from the folder's config.json (or a config file) instead
         # of its checkpoint: for measuring a model at size whose weights one does not have
         self.random_seed = random_seed
+        self.twin: dict | None = None  # twin.json of a twin folder (gla/twin.py)
         if random_seed is not None:
             if isinstance(random_seed, bool) or not isinstance(random_seed, int) or random_seed < 0:
                 raise ValueError(f"{name or path}: random_seed must be an integer >= 0, got "
@@ -77,6 +81,11 @@ class GLAAdapter:
                                                    dtype=self.dtype)
             if self.path.is_file():
                 self.path = self.path.parent
+        elif is_twin(self.path):  # assembled from its parent + the tensors trained for it
+            config_json = self.path / "config.json"
+            model, self.config, self.twin = load_twin(self.path)
+            self.model = model.to(device=dev, dtype=self.dtype)
+            tokenizer = tokenizer or parent_folder(self.twin["parent"]["model"])
         else:
             config_json = self.path / "config.json"
             self.model, self.config = load_checkpoint(self.path, device=dev, dtype=self.dtype)
@@ -232,6 +241,10 @@ class GLAAdapter:
                 **({"pjrt_device": xla.hardware()} if self.device_name in xla.KINDS else {})}
 
     def _weights_identity(self) -> dict:
+        if self.twin is not None:
+            return {"weights_hash": weights_hash(twin_files(self.path)),
+                    "parent": self.twin["parent"]["model"],
+                    "parent_hash": self.twin["parent"]["hash"]}
         if self.random_seed is None:
             return {"weights_hash": weights_hash(weight_files(self.path))}
         return {"weights_hash": weights_id(init_std(self.config), self.random_seed),

@@ -19,6 +19,7 @@ COMMANDS = {
     "compare": "evalkit.cli.compare",
     "train-tiny": "evalkit.cli.train",
     "train-mqar": "evalkit.cli.train_mqar",
+    "linearize": "evalkit.cli.linearize",
     "lm-eval-export": "evalkit.cli.lm_eval_export",
 }
 

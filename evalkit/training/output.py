@@ -1,4 +1,4 @@
-"""Where `evalkit train-tiny` and `train-mqar` write: one folder per model under --out, and
+"""Where `evalkit train-tiny`, `train-mqar` and `linearize` write: one folder per model under --out, and
 nothing else (evalkit.owned_folder's rules).
 
 A model folder holds only files the trainer writes (OWNED). Before any training starts, --out
@@ -17,7 +17,9 @@ from evalkit.owned_folder import refuse_foreign, stage_for, swap_in
 # writer put in a model folder.
 OWNED = frozenset({"README.md", "loss.png", "train_log.json", "config.json",
                    "generation_config.json", "model.safetensors", "tokenizer.json",
-                   "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"})
+                   "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   # `evalkit linearize`: a twin folder, and a run's resume files in its stage
+                   "twin.json", "twin.safetensors", "progress.json", "resume.safetensors"})
 
 
 def _refuse_foreign_in(folder: Path, command: str) -> None:

@@ -1,0 +1,330 @@
+"""Attention transfer (LoLCATs stage 1, arXiv 2410.10254): a transformer's linearized twin
+learns to reproduce each attention layer's output, every parent weight frozen.
+
+The twin's layers are `window_linear` mixers (gla/window_linear.py) on the parent's own q/k/v/o
+projections; only their feature maps, gates and mixes are trained. Each layer is trained on
+the parent's own input to that layer (teacher forcing), so the layers are independent: one
+parent forward pass gives every layer's input x_i and softmax output y_i, and layer i's loss is
+
+    mse_i = mean (twin_layer_i(x_i) - y_i)^2        (its gradient reaches only layer i)
+
+reported also as relative error mse_i / mean(y_i^2). A recipe (configs/linearize.yaml) names
+the corpus, the schedule, a small learning-rate sweep scored on held-out documents, and the
+family: trained twins (a window), derived twins (a trained twin with its worst layers, by
+held-out relative error, restored to full attention: the other layers' tensors are the same
+because training is per layer), and window-only references (the parent with a sliding window,
+nothing trained).
+
+    recipe = read_typed("configs/linearize.yaml", Recipe, "linearize recipe")
+    run = train_transfer(recipe, parent, twin, layers, stream, heldout, lr, steps)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from evalkit.training.prose import CorpusConfig
+from evalkit.training.train import lr_at
+from evalkit.yamlfile import repeated
+
+MAX_STEPS = 100_000
+
+
+class Member(BaseModel):
+    """One model of the family. Exactly one kind:
+    - trained: `window` (every layer but `keep_attention` linearized, then trained);
+    - derived: `from_twin` + `keep_worst` (that trained twin, its keep_worst layers of highest
+      held-out relative error restored to full attention, nothing trained);
+    - window-only: `window` + `window_only: true` (the parent with a sliding window)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    window: int | None = Field(default=None, ge=1, le=8192)
+    keep_attention: tuple[int, ...] = Field(default=(), max_length=256)
+    window_only: bool = False
+    from_twin: str | None = None
+    keep_worst: int | None = Field(default=None, ge=1, le=256)
+    minutes: float | None = Field(default=None, gt=0, le=600)   # this member's time cap
+
+    @model_validator(mode="after")
+    def _kind(self) -> "Member":
+        if self.from_twin is not None:
+            if self.keep_worst is None or self.window is not None or self.window_only \
+                    or self.keep_attention:
+                raise ValueError(f"{self.name}: a derived twin (from_twin) sets keep_worst and "
+                                 f"nothing else (its window is its source's)")
+        elif self.window is None:
+            raise ValueError(f"{self.name}: set window (a trained twin or, with window_only, a "
+                             f"sliding-window reference) or from_twin + keep_worst")
+        elif self.keep_worst is not None:
+            raise ValueError(f"{self.name}: keep_worst needs from_twin")
+        elif self.window_only and self.keep_attention:
+            raise ValueError(f"{self.name}: a window-only reference keeps no attention layer")
+        return self
+
+    @property
+    def kind(self) -> Literal["trained", "derived", "window_only"]:
+        return ("derived" if self.from_twin else "window_only" if self.window_only
+                else "trained")
+
+
+class Sweep(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    lrs: tuple[float, ...] = Field(min_length=1, max_length=8)
+    steps: int = Field(ge=1, le=MAX_STEPS)
+
+
+class Evaluation(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    transfer_sequences: int = Field(default=8, ge=1, le=256)   # held-out, at seq_len
+    every: int = Field(default=50, ge=1, le=MAX_STEPS)          # held-out transfer every N steps
+    perplexity_lengths: tuple[int, ...] = Field(default=(1024, 2048), min_length=1, max_length=8)
+    perplexity_documents: int = Field(default=8, ge=1, le=256)
+
+
+class Recipe(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    corpus: CorpusConfig
+    seq_len: int = Field(ge=16, le=8192)
+    batch: int = Field(ge=1, le=64)
+    steps: int = Field(ge=1, le=MAX_STEPS)
+    minutes: float = Field(gt=0, le=600)                        # cap of each final run
+    sweep: Sweep | None = None
+    lr: float | None = Field(default=None, gt=0, le=1)          # without a sweep
+    warmup: int = Field(default=0, ge=0, le=MAX_STEPS)
+    weight_decay: float = Field(default=0.0, ge=0, le=1)
+    feature_map: Literal["hedgehog", "softmax"] = "hedgehog"
+    feature_dim: int = Field(default=64, ge=1, le=1024)
+    gate: Literal["key", "learned", "none"] = "key"
+    mix: float = Field(default=0.5, gt=0, lt=1)
+    seed: int = Field(default=0, ge=0, le=2 ** 31 - 1)
+    threads: int = Field(default=2, ge=1, le=256)
+    save_every_minutes: float = Field(default=10.0, gt=0, le=600)
+    eval: Evaluation = Evaluation()
+    twins: tuple[Member, ...] = Field(min_length=1, max_length=16)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Recipe":
+        if (self.sweep is None) == (self.lr is None):
+            raise ValueError("give either lr or a sweep (lrs, steps), not both")
+        if dup := repeated([m.name for m in self.twins]):
+            raise ValueError(f"twin names repeated: {dup}")
+        for i, m in enumerate(self.twins):
+            if m.from_twin is not None:
+                src = next((s for s in self.twins[:i] if s.name == m.from_twin), None)
+                if src is None or src.kind != "trained":
+                    raise ValueError(f"{m.name}: from_twin {m.from_twin!r} must name a trained "
+                                     f"twin listed before it")
+        return self
+
+    def member(self, name: str) -> Member:
+        for m in self.twins:
+            if m.name == name:
+                return m
+        raise KeyError(f"no twin {name!r} in the recipe; it has {', '.join(m.name for m in self.twins)}")
+
+    def member_hash(self, m: Member) -> str:
+        """What a twin folder is current for: every setting that changes its tensors (not the
+        thread count or the save interval), and a derived twin's source's."""
+        shared = self.model_dump(mode="json", exclude={"twins", "threads", "save_every_minutes"})
+        body = {"recipe": shared, "member": m.model_dump(mode="json")}
+        if m.from_twin:
+            body["from"] = self.member_hash(self.member(m.from_twin))
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------
+# The loss
+# ---------------------------------------------------------------------------------------
+@torch.no_grad()
+def layer_io(parent: torch.nn.Module, ids: torch.Tensor, layers: list[int]
+             ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """{layer: (its mixer's input x [B, T, D], the parent's mixer output y [B, T, D])} from
+    one forward pass of the parent (no head)."""
+    io: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    hooks = []
+    for i in layers:
+        def hook(mod, args, out, i=i):
+            io[i] = (args[0].detach(), out[0].detach())
+        hooks.append(parent.model.layers[i].attn.register_forward_hook(hook))
+    try:
+        x = parent.model.embeddings(ids)
+        last = max(layers)
+        for i, block in enumerate(parent.model.layers[:last + 1]):  # nothing past the last
+            x, _ = block(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return io
+
+
+def transfer_losses(twin: torch.nn.Module, io: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                    backward: bool) -> dict[int, tuple[float, float]]:
+    """{layer: (mse, relative error)} of the twin's layers on the parent's inputs; with
+    `backward`, each layer's gradient is accumulated right after its forward (its graph freed
+    before the next layer's)."""
+    out = {}
+    for i, (x, y) in io.items():
+        with torch.set_grad_enabled(backward):
+            pred, _ = twin.model.layers[i].attn(x)
+            mse = F.mse_loss(pred.float(), y.float())
+        if backward:
+            mse.backward()
+        out[i] = (mse.item(), mse.item() / max(y.float().pow(2).mean().item(), 1e-30))
+    return out
+
+
+def heldout_transfer(twin, parent, seqs: torch.Tensor, layers: list[int], batch: int
+                     ) -> dict[int, tuple[float, float]]:
+    """Mean (mse, relative error) per layer over held-out sequences [n, T]."""
+    sums = {i: [0.0, 0.0] for i in layers}
+    n = 0
+    for s in range(0, seqs.shape[0], batch):
+        ids = seqs[s:s + batch]
+        for i, (a, b) in transfer_losses(twin, layer_io(parent, ids, layers), False).items():
+            sums[i][0] += a * ids.shape[0]
+            sums[i][1] += b * ids.shape[0]
+        n += ids.shape[0]
+    return {i: (a / n, b / n) for i, (a, b) in sums.items()}
+
+
+def mean_relative(per_layer: dict[int, tuple[float, float]]) -> float:
+    return sum(r for _, r in per_layer.values()) / max(1, len(per_layer))
+
+
+# ---------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Progress:
+    """Where a run stands; saved with the trained tensors and Adam's moments so an interrupted
+    run resumes at its step (the batches are a function of (seed, step))."""
+    lr: float
+    planned_steps: int
+    step: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    loss: list[float] = field(default_factory=list)          # mean relative error per step
+    heldout: list[dict[str, Any]] = field(default_factory=list)  # {step, layers: {i: [mse, rel]}}
+    stop: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def trainable(twin: torch.nn.Module, names: list[str]) -> list[torch.nn.Parameter]:
+    """Freeze every parameter but `names`; returns those, in order."""
+    params = dict(twin.named_parameters())
+    for p in params.values():
+        p.requires_grad_(False)
+    for n in names:
+        params[n].requires_grad_(True)
+    return [params[n] for n in names]
+
+
+def optimizer_state(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
+    """Adam's moments and step counts as named tensors (saved with safetensors)."""
+    out = {}
+    for n, p in zip(names, opt.param_groups[0]["params"]):
+        st = opt.state.get(p)
+        if st:
+            out[f"adam.exp_avg.{n}"] = st["exp_avg"]
+            out[f"adam.exp_avg_sq.{n}"] = st["exp_avg_sq"]
+            out[f"adam.step.{n}"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
+    return out
+
+
+def load_optimizer_state(opt: torch.optim.Optimizer, names: list[str],
+                         tensors: dict[str, torch.Tensor]) -> None:
+    for n, p in zip(names, opt.param_groups[0]["params"]):
+        if f"adam.exp_avg.{n}" in tensors:
+            opt.state[p] = {"step": tensors[f"adam.step.{n}"].reshape(()).clone(),
+                            "exp_avg": tensors[f"adam.exp_avg.{n}"].clone(),
+                            "exp_avg_sq": tensors[f"adam.exp_avg_sq.{n}"].clone()}
+
+
+def train_transfer(recipe: Recipe, parent, twin, names: list[str], layers: list[int], stream,
+                   heldout: torch.Tensor, progress: Progress, *, minutes: float | None = None,
+                   resume: dict[str, torch.Tensor] | None = None,
+                   save: Callable[[Progress, dict[str, torch.Tensor]], None] | None = None,
+                   log: Callable[[str], None] = print) -> Progress:
+    """Train `names` of `twin` from progress.step to progress.planned_steps (or the time cap),
+    AdamW with warm-up then cosine; held-out transfer every eval.every steps and at the end.
+    `save(progress, tensors)` is called every save_every_minutes and at the end."""
+    params = trainable(twin, names)
+    opt = torch.optim.AdamW(params, lr=progress.lr, betas=(0.9, 0.95),
+                            weight_decay=recipe.weight_decay)
+    if resume:
+        load_optimizer_state(opt, names, resume)
+    cap = 60.0 * minutes if minutes is not None else math.inf
+    start, last_save = time.time() - progress.seconds, time.time()
+
+    def snapshot() -> dict[str, torch.Tensor]:
+        p = dict(twin.named_parameters())
+        return {**{n: p[n].detach().clone() for n in names}, **optimizer_state(opt, names)}
+
+    def evaluate() -> None:
+        per = heldout_transfer(twin, parent, heldout, layers, recipe.batch)
+        progress.heldout.append({"step": progress.step,
+                                 "layers": {str(i): [a, b] for i, (a, b) in per.items()}})
+        log(f"  step {progress.step}: held-out relative error {mean_relative(per):.4f}")
+
+    while progress.step < progress.planned_steps:
+        if time.time() - start >= cap:
+            progress.stop = f"time cap ({minutes:g} min)"
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(progress.step, progress.lr, recipe.warmup, progress.planned_steps)
+        ids = stream.batch(progress.step, recipe.batch, recipe.seed)
+        per = transfer_losses(twin, layer_io(parent, ids, layers), backward=True)
+        loss = mean_relative(per)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"step {progress.step}: the transfer loss is {loss} "
+                                     f"(lr {progress.lr:g}); lower the learning rate")
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        progress.step += 1
+        progress.tokens += ids.numel()
+        progress.loss.append(loss)
+        progress.seconds = time.time() - start
+        if progress.step % recipe.eval.every == 0 and progress.step < progress.planned_steps:
+            evaluate()
+        if save and time.time() - last_save >= 60.0 * recipe.save_every_minutes:
+            save(progress, snapshot())
+            last_save = time.time()
+    progress.stop = progress.stop or "planned steps"
+    if not progress.heldout or progress.heldout[-1]["step"] != progress.step:
+        evaluate()
+    progress.seconds = time.time() - start
+    if save:
+        save(progress, snapshot())
+    return progress
+
+
+# ---------------------------------------------------------------------------------------
+# Perplexity
+# ---------------------------------------------------------------------------------------
+@torch.no_grad()
+def perplexity(model: torch.nn.Module, seqs: torch.Tensor, window: int | None) -> dict[str, Any]:
+    """Held-out perplexity of `model` on sequences [n, T] (each predicted from its own start):
+    over all predicted tokens, and split at `window` (tokens whose context fits in the
+    window vs those past it), plus the mean NLL per position (for the card's curve)."""
+    n, T = seqs.shape
+    nll = torch.zeros(T - 1, dtype=torch.float64)
+    for row in seqs:
+        logits = model(row[None])[0, :-1].float()                    # [T-1, V]
+        nll += F.cross_entropy(logits, row[1:], reduction="none").double()
+    nll /= n
+    out = {"tokens": n * (T - 1), "ppl": math.exp(nll.mean().item()),
+           "nll_by_position": [round(v, 4) for v in nll.tolist()]}
+    if window is not None and window < T - 1:
+        out["ppl_inside_window"] = math.exp(nll[:window].mean().item())
+        out["ppl_past_window"] = math.exp(nll[window:].mean().item())
+    return out

@@ -1,0 +1,297 @@
+"""Build a recipe's twin family from one parent, resumably: `evalkit linearize`.
+
+    evalkit linearize smollm2-135m --recipe configs/linearize.yaml --out model_adapters/twins
+
+For each member, in recipe order (a derived twin after its source):
+  current?  its folder's twin.json has this recipe's member hash and this parent's hash: skip;
+  trained   sweep (each rate from the twin's initial values, held-out relative error after
+            sweep.steps; the lowest wins, ties to the lower rate), then the final run from the
+            initial values at the best rate, capped in time; progress.json + resume.safetensors
+            in the member's stage (`.<name>.tmp`) let a killed run resume at its last save;
+  derived   its source's tensors, its source's keep_worst layers of highest held-out relative
+            error back to full attention;
+  window    the parent with every layer's attention limited to the last `window` tokens.
+Every member is then scored: held-out relative error per layer (what the twin's layers lose
+against the parent's), held-out perplexity beside the parent's; its folder (gla/twin.py) gets a
+model card, train_log.json and a plot, and is swapped in whole.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from evalkit import __version__, atomic
+from evalkit.model_adapters.gla.config import GLAConfig
+from evalkit.model_adapters.gla.from_llama import linearize
+from evalkit.model_adapters.gla.model import GLAForCausalLM
+from evalkit.model_adapters.gla.twin import (TWIN_FILE, load_parent, load_twin, parent_folder,
+                                             parent_hash, read_meta, save_twin, trained_names)
+from evalkit.owned_folder import stage_for
+from evalkit.training.linearize import (Member, Progress, Recipe, heldout_transfer,
+                                        mean_relative, perplexity, train_transfer)
+from evalkit.training.output import check_out, install
+from evalkit.training.prose import TokenStream, heldout_sequences, read_corpus
+
+COMMAND = "linearize"
+PROGRESS, RESUME = "progress.json", "resume.safetensors"
+
+
+def is_current(folder: Path, member_hash: str, parent_sha: str) -> bool:
+    if not (folder / TWIN_FILE).is_file():
+        return False
+    try:
+        meta = read_meta(folder)
+    except ValueError:
+        return False  # unreadable: rebuild it
+    return meta["recipe_hash"] == member_hash and meta["parent"]["hash"] == parent_sha
+
+
+class Family:
+    """What every member shares in one command run: the parent, its tokenizer, the corpus and
+    the held-out sets (read once)."""
+
+    def __init__(self, recipe: Recipe, parent_spec: str, log=print) -> None:
+        from evalkit.tokenization import load_tokenizer
+
+        self.recipe, self.parent_spec, self.log = recipe, parent_spec, log
+        t0 = time.time()
+        self.corpus = read_corpus(recipe.corpus, "recipe corpus")  # a missing corpus first
+        self.parent = load_parent(parent_spec)
+        for p in self.parent.parameters():
+            p.requires_grad_(False)
+        self.parent_sha = parent_hash(self.parent)
+        self.tokenizer = load_tokenizer(parent_folder(parent_spec))
+        self.layers = self.parent.config.num_hidden_layers
+        ev = recipe.eval
+        self.transfer_seqs, _ = heldout_sequences(self.corpus.heldout, self.tokenizer,
+                                                  recipe.seq_len, ev.transfer_sequences)
+        self.ppl_seqs = {L: heldout_sequences(self.corpus.heldout, self.tokenizer, L,
+                                              ev.perplexity_documents)
+                         for L in ev.perplexity_lengths}
+        self._stream: TokenStream | None = None
+        self._parent_ppl: dict[int, dict] | None = None
+        log(f"parent {parent_spec} (hash {self.parent_sha[:12]}), corpus "
+            f"{len(self.corpus.train):,} training / {len(self.corpus.heldout):,} held-out "
+            f"documents ({len(self.corpus.skipped)} skipped), ready in {time.time() - t0:.0f} s")
+
+    @property
+    def stream(self) -> TokenStream:
+        if self._stream is None:
+            t0 = time.time()
+            self._stream = TokenStream(self.corpus.train, self.tokenizer, self.recipe.seq_len)
+            self.log(f"training stream: {self._stream.tokens:,} tokens, {len(self._stream):,} "
+                     f"sequences of {self.recipe.seq_len:,} ({time.time() - t0:.0f} s)")
+        return self._stream
+
+    def parent_ppl(self) -> dict[int, dict]:
+        if self._parent_ppl is None:
+            self._parent_ppl = {L: perplexity(self.parent, s, None)
+                                for L, (s, _) in self.ppl_seqs.items()}
+        return self._parent_ppl
+
+    def twin(self, m: Member) -> GLAForCausalLM:
+        """A trained member's twin at its initial values (the same for every rate)."""
+        r = self.recipe
+        layers = [i for i in range(self.layers) if i not in m.keep_attention]
+        torch.manual_seed(r.seed)  # hedgehog maps wider than a head start random
+        return linearize(self.parent, window=m.window, layers=layers, feature_map=r.feature_map,
+                         feature_dim=r.feature_dim, gate=r.gate, mix=r.mix)
+
+
+def linearized_layers(cfg: GLAConfig) -> list[int]:
+    return sorted(i for i in range(cfg.num_hidden_layers) if cfg.mixer(i) != "attn"
+                  or (cfg.attn_spec.get("window_size") is not None))
+
+
+# ---------------------------------------------------------------------------------------
+# One member
+# ---------------------------------------------------------------------------------------
+def _stage(out: Path, name: str, member_hash: str) -> tuple[Path, dict | None]:
+    """The member's stage, kept with its progress when that belongs to this very recipe."""
+    stage = out / f".{name}.tmp"
+    try:
+        saved = json.loads((stage / PROGRESS).read_text())
+        if saved.get("member_hash") == member_hash:
+            return stage, saved
+    except (OSError, ValueError):
+        pass
+    return stage_for(out / name), None
+
+
+def train_member(fam: Family, m: Member, stage: Path, saved: dict | None, member_hash: str
+                 ) -> tuple[GLAForCausalLM, dict]:
+    from safetensors.torch import load_file, save_file
+
+    r, log = fam.recipe, fam.log
+    state = saved or {"member_hash": member_hash, "sweep": [], "final": None}
+    probe = fam.twin(m)
+    names, layers = trained_names(probe, fam.parent), linearized_layers(probe.config)
+    del probe
+
+    def write_progress() -> None:
+        atomic.write_json(stage / PROGRESS, state)
+
+    lrs = r.sweep.lrs if r.sweep else (r.lr,)
+    if r.sweep and len(lrs) > 1:
+        done = {s["lr"] for s in state["sweep"]}
+        for lr in lrs:
+            if lr in done:
+                continue
+            log(f"{m.name}: sweep lr {lr:g}, {r.sweep.steps} steps")
+            twin = fam.twin(m)
+            p = train_transfer(r, fam.parent, twin, names, layers, fam.stream, fam.transfer_seqs,
+                               Progress(lr=lr, planned_steps=r.sweep.steps), log=log)
+            last = p.heldout[-1]["layers"]
+            state["sweep"].append({"lr": lr, "steps": p.step, "seconds": p.seconds,
+                                   "heldout_relative": mean_relative(
+                                       {int(i): tuple(v) for i, v in last.items()}),
+                                   "loss": p.loss})
+            write_progress()
+        best = min(state["sweep"], key=lambda s: (s["heldout_relative"], s["lr"]))["lr"]
+    else:
+        best = lrs[0]
+
+    twin = fam.twin(m)
+    resume = None
+    if state["final"] is not None and (stage / RESUME).is_file():
+        progress = Progress(**state["final"])
+        resume = load_file(str(stage / RESUME))
+        with torch.no_grad():
+            params = dict(twin.named_parameters())
+            for n in names:
+                params[n].copy_(resume[n])
+        log(f"{m.name}: resuming the final run at step {progress.step} of {progress.planned_steps}")
+    else:
+        progress = Progress(lr=best, planned_steps=r.steps)
+        log(f"{m.name}: final run, lr {best:g}, {r.steps} steps, cap {m.minutes or r.minutes:g} min")
+
+    def save(p: Progress, tensors: dict[str, torch.Tensor]) -> None:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(stage / RESUME))
+        state["final"] = p.to_json()
+        write_progress()  # written last: a progress.json always names a complete resume file
+
+    progress = train_transfer(r, fam.parent, twin, names, layers, fam.stream, fam.transfer_seqs,
+                              progress, minutes=m.minutes or r.minutes, resume=resume, save=save,
+                              log=log)
+    return twin, {"lr": best, "sweep": state["sweep"], "final": progress.to_json(),
+                  "trained": names, "kept_attention": list(m.keep_attention)}
+
+
+def derive_member(fam: Family, m: Member, out: Path) -> tuple[GLAForCausalLM, dict]:
+    """The source twin with its keep_worst layers of highest held-out relative error restored
+    to full attention."""
+    src_dir = out / m.from_twin
+    src_hash = fam.recipe.member_hash(fam.recipe.member(m.from_twin))
+    if not is_current(src_dir, src_hash, fam.parent_sha):
+        raise ValueError(f"{m.name}: its source {src_dir} is not trained by this recipe yet "
+                         f"(run without --only, or with --only {m.from_twin} first)")
+    src, src_cfg, _ = load_twin(src_dir, fam.parent)
+    log = json.loads((src_dir / "train_log.json").read_text())
+    final = log["heldout_transfer"]
+    worst = sorted(final, key=lambda i: (-final[i][1], int(i)))[:m.keep_worst]
+    keep = sorted(int(i) for i in worst)
+    d = src_cfg.to_dict()
+    wl = dict(d["window_linear"])
+    wl["layers"] = [i for i in wl["layers"] if i not in keep]
+    attn = dict(d["attn"])
+    attn["layers"] = sorted(set(attn.get("layers", [])) | set(keep))
+    d.update(window_linear=wl, attn=attn)
+    cfg = GLAConfig.from_dict(d, source=f"{m.name} config")
+    twin = GLAForCausalLM(cfg)
+    missing, unexpected = twin.load_state_dict(src.state_dict(), strict=False)
+    tied = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    if set(missing) - tied:
+        raise ValueError(f"{m.name}: the source's tensors do not fill the derived twin: {missing[:4]}")
+    fam.log(f"{m.name}: {m.from_twin} with layers {keep} (highest held-out relative error) "
+            f"back to full attention")
+    return twin.eval(), {"from_twin": m.from_twin, "kept_attention": keep,
+                         "source_heldout_relative": {str(i): final[str(i)][1] for i in keep},
+                         "trained": trained_names(twin, fam.parent)}
+
+
+def window_member(fam: Family, m: Member) -> tuple[GLAForCausalLM, dict]:
+    d = fam.parent.config.to_dict()
+    d["attn"] = {**d["attn"], "window_size": m.window}
+    twin = GLAForCausalLM(GLAConfig.from_dict(d, source=f"{m.name} config"))
+    twin.load_state_dict(fam.parent.state_dict())
+    return twin.eval(), {"trained": []}
+
+
+# ---------------------------------------------------------------------------------------
+# The family
+# ---------------------------------------------------------------------------------------
+def linearize_family(recipe: Recipe, parent_spec: str, out: Path, only: Sequence[str] = (),
+                     recipe_path: str = "", log=print) -> dict[str, str]:
+    """Build every member of `recipe` (or those in `only`) not already current in out/.
+    Returns {name: "built" | "current"}."""
+    for name in only:
+        recipe.member(name)  # a typo is an error before anything runs
+    todo = [m for m in recipe.twins if not only or m.name in only]
+    check_out(out, [m.name for m in todo], COMMAND)  # before the parent loads: never lose an hour
+    torch.set_num_threads(recipe.threads)
+    fam = Family(recipe, parent_spec, log)
+    status: dict[str, str] = {}
+    for m in todo:
+        h = recipe.member_hash(m)
+        if is_current(out / m.name, h, fam.parent_sha):
+            log(f"{m.name}: current (recipe {h[:12]}), skipped")
+            status[m.name] = "current"
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        stage, saved = _stage(out, m.name, h)
+        if m.kind == "trained":
+            twin, info = train_member(fam, m, stage, saved, h)
+        elif m.kind == "derived":
+            twin, info = derive_member(fam, m, out)
+        else:
+            twin, info = window_member(fam, m)
+        _finish(fam, m, twin, info, stage, out, h, recipe_path, time.time() - t0)
+        status[m.name] = "built"
+    return status
+
+
+def _finish(fam: Family, m: Member, twin: GLAForCausalLM, info: dict, stage: Path, out: Path,
+            member_hash: str, recipe_path: str, seconds: float) -> None:
+    from evalkit.training.linearize_card import member_card, member_plot
+
+    twin.eval()
+    layers = linearized_layers(twin.config)
+    t0 = time.time()
+    transfer = heldout_transfer(twin, fam.parent, fam.transfer_seqs, layers, fam.recipe.batch)
+    window = twin.config.window_linear_spec["window"] if twin.config.window_linear else \
+        twin.config.attn_spec["window_size"]
+    ppl = {str(L): {"parent": fam.parent_ppl()[L], "twin": perplexity(twin, s, window),
+                    "documents": names}
+           for L, (s, names) in fam.ppl_seqs.items()}
+    log = {"name": m.name, "kind": m.kind, "member": m.model_dump(mode="json"),
+           "recipe": fam.recipe.model_dump(mode="json"), "recipe_path": recipe_path,
+           "recipe_hash": member_hash, "parent": fam.parent_spec, "parent_hash": fam.parent_sha,
+           "corpus": {k: v for k, v in fam.corpus.summary().items()},
+           "linearized_layers": layers, "num_layers": fam.layers, "window": window,
+           "heldout_transfer": {str(i): list(v) for i, v in transfer.items()},
+           "heldout_relative_mean": mean_relative(transfer) if transfer else None,
+           "perplexity": ppl, "eval_seconds": time.time() - t0, "build_seconds": seconds,
+           "parameters_trained": sum(p.numel() for n, p in twin.named_parameters()
+                                     if n in set(info["trained"])),
+           "state_bytes": {str(T): twin.config.state_bytes("float32", T) for T in (2048, 8192)},
+           "parent_kv_bytes": {str(T): fam.parent.config.state_bytes("float32", T)
+                               for T in (2048, 8192)},
+           "machine": platform.processor() or platform.machine(),
+           "evalkit_version": __version__, "torch_version": torch.__version__, **info}
+    for f in (PROGRESS, RESUME):  # the finished folder holds the twin, not how it got there
+        (stage / f).unlink(missing_ok=True)
+    save_twin(stage, m.name, twin, fam.parent_spec, fam.parent_sha, info["trained"], member_hash)
+    atomic.write_json(stage / "train_log.json", log)
+    member_plot(log, stage / "loss.png")
+    (stage / "README.md").write_text(member_card(log), encoding="utf-8")
+    install(stage, out / m.name, COMMAND)
+    fam.log(f"{m.name}: built in {seconds / 60:.1f} min; held-out relative error "
+            f"{log['heldout_relative_mean'] or 0:.4f}; perplexity " + ", ".join(
+                f"{L}: twin {v['twin']['ppl']:.2f} vs parent {v['parent']['ppl']:.2f}"
+                for L, v in ppl.items()))

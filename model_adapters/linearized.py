@@ -1,0 +1,73 @@
+"""SmolLM2-135M's linearized twins, built here by `evalkit linearize` (configs/linearize.yaml):
+names that need no path, twin folders (gla/twin.py) as package data under
+model_adapters/twins/<name>/, assembled at load time from the parent (the embedded
+smollm2-135m) and the few tensors trained for them.
+
+A name whose folder is not built yet fails to load with the command that builds it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from evalkit.model_adapters.gla.twin import TWIN_FILE
+from evalkit.model_adapters.gla_adapter import GLAAdapter, describe_config
+from evalkit.models import register_model
+
+TWINS_DIR = Path(__file__).resolve().parent / "twins"
+# name: (state kind, description)
+TWIN_MODELS = {
+    "smollm2-135m-gla-w64": ("hybrid", "SmolLM2-135M linearized: exact softmax over the last 64 "
+                                       "tokens + a gated linear state beyond (every layer)"),
+    "smollm2-135m-gla-w256": ("hybrid", "SmolLM2-135M linearized: exact softmax over the last "
+                                        "256 tokens + a gated linear state beyond (every layer)"),
+    "smollm2-135m-gla-w64-attn3": ("hybrid", "smollm2-135m-gla-w64 with its 3 hardest layers "
+                                             "kept as full attention"),
+    "smollm2-135m-swa-w64": ("kv-window", "SmolLM2-135M with every layer's attention limited "
+                                          "to the last 64 tokens (no state beyond; untrained)"),
+}
+BUILD = ("evalkit linearize smollm2-135m --recipe configs/linearize.yaml --only {name} "
+         "(make train-twins)")
+
+
+def twin_folder(name: str) -> Path:
+    folder = TWINS_DIR / name
+    if not (folder / TWIN_FILE).is_file():
+        raise FileNotFoundError(f"{name}: twin folder {folder} is not built yet; build it with "
+                                f"`{BUILD.format(name=name)}`")
+    return folder
+
+
+def _factory(name: str):
+    def make(path: str | None = None, **options: Any) -> GLAAdapter:
+        if path:
+            raise ValueError(f"{name} is an embedded model and takes no path")
+        options.setdefault("name", name)
+        return GLAAdapter(str(twin_folder(name)), **options)
+    make.__module__ = __name__
+    return make
+
+
+def _describe(name: str):
+    def describe(n_tokens: int) -> dict:
+        if not (TWINS_DIR / name / TWIN_FILE).is_file():
+            return {"note": f"not built yet: {BUILD.format(name=name)}"}
+        return describe_config(TWINS_DIR / name / "config.json", "fp32", n_tokens=n_tokens)
+    return describe
+
+
+def _twin(name: str) -> dict:
+    """register_model's arguments for a twin, from its TWIN_MODELS row."""
+    kind, description = TWIN_MODELS[name]
+    return {"kind": "gla", "state_kind": kind, "description": description, "options": GLAAdapter,
+            "config": TWINS_DIR / name / "config.json", "describe": _describe(name)}
+
+
+register_model("smollm2-135m-gla-w64", **_twin("smollm2-135m-gla-w64"))(
+    _factory("smollm2-135m-gla-w64"))
+register_model("smollm2-135m-gla-w256", **_twin("smollm2-135m-gla-w256"))(
+    _factory("smollm2-135m-gla-w256"))
+register_model("smollm2-135m-gla-w64-attn3", **_twin("smollm2-135m-gla-w64-attn3"))(
+    _factory("smollm2-135m-gla-w64-attn3"))
+register_model("smollm2-135m-swa-w64", **_twin("smollm2-135m-swa-w64"))(
+    _factory("smollm2-135m-swa-w64"))
