@@ -12,8 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from evalkit.model_adapters.embedded import (_MARKER, convert_gguf_once, converted_dir,
-                                             smollm2_gguf_path)
+from evalkit.model_adapters.smollm2 import (_MARKER, convert_gguf_once, converted_dir,
+                                            smollm2_gguf_path)
 from evalkit.model_adapters.softmax import SoftmaxAdapter, describe_checkpoint
 from evalkit.model_adapters.weights import file_sha256
 from evalkit.models import load_model

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from evalkit.training.mqar import Sweep  # the same small sweep as the MQAR twins'
 from evalkit.training.prose import CorpusConfig
 from evalkit.training.train import lr_at
 from evalkit.yamlfile import repeated
@@ -73,12 +74,6 @@ class Member(BaseModel):
     def kind(self) -> Literal["trained", "derived", "window_only"]:
         return ("derived" if self.from_twin else "window_only" if self.window_only
                 else "trained")
-
-
-class Sweep(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    lrs: tuple[float, ...] = Field(min_length=1, max_length=8)
-    steps: int = Field(ge=1, le=MAX_STEPS)
 
 
 class Evaluation(BaseModel):

