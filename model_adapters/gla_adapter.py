@@ -279,6 +279,26 @@ def describe_config(config: Path, state_dtype: str, n_tokens: int = 1) -> dict:
             "trained_length": config_tokens(config, ("trained_length",))}
 
 
+def shipped_gla(name: str, folder: Path, marker: str, build: str, module: str):
+    """(factory, describe) for a GLA folder that ships in the repository once built here (the
+    MQAR twins, SmolLM2's linearized twins): `marker` is the file whose presence means built.
+    Until then loading fails naming the `build` command, and `evalkit models` notes it."""
+    def make(path: str | None = None, **options: Any) -> GLAAdapter:
+        if path:
+            raise ValueError(f"{name} is an embedded model and takes no path")
+        if not (folder / marker).is_file():
+            raise FileNotFoundError(f"{name}: {folder} is not built yet; build it with `{build}`")
+        options.setdefault("name", name)
+        return GLAAdapter(str(folder), **options)
+    make.__module__ = module  # the registry records the declaring module
+
+    def describe(n_tokens: int) -> dict:
+        if not (folder / marker).is_file():
+            return {"note": f"not built yet: {build}"}
+        return describe_config(folder / "config.json", "fp32", n_tokens=n_tokens)
+    return make, describe
+
+
 def _load(name: str, path: str | None, options: dict) -> GLAAdapter:
     if not path:
         raise ValueError(f"{name}: needs a checkpoint folder, e.g. '{name}:/ckpt/gla-340m' "

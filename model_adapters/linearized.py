@@ -8,10 +8,9 @@ A name whose folder is not built yet fails to load with the command that builds 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from evalkit.model_adapters.gla.twin import TWIN_FILE
-from evalkit.model_adapters.gla_adapter import GLAAdapter, describe_config
+from evalkit.model_adapters.gla_adapter import GLAAdapter, shipped_gla
 from evalkit.models import register_model
 
 TWINS_DIR = Path(__file__).resolve().parent / "twins"
@@ -30,37 +29,19 @@ BUILD = ("evalkit linearize smollm2-135m --recipe configs/linearize.yaml --only 
          "(make train-twins)")
 
 
-def twin_folder(name: str) -> Path:
-    folder = TWINS_DIR / name
-    if not (folder / TWIN_FILE).is_file():
-        raise FileNotFoundError(f"{name}: twin folder {folder} is not built yet; build it with "
-                                f"`{BUILD.format(name=name)}`")
-    return folder
+def _shipped(name: str):
+    return shipped_gla(name, TWINS_DIR / name, TWIN_FILE, BUILD.format(name=name), __name__)
 
 
 def _factory(name: str):
-    def make(path: str | None = None, **options: Any) -> GLAAdapter:
-        if path:
-            raise ValueError(f"{name} is an embedded model and takes no path")
-        options.setdefault("name", name)
-        return GLAAdapter(str(twin_folder(name)), **options)
-    make.__module__ = __name__
-    return make
-
-
-def _describe(name: str):
-    def describe(n_tokens: int) -> dict:
-        if not (TWINS_DIR / name / TWIN_FILE).is_file():
-            return {"note": f"not built yet: {BUILD.format(name=name)}"}
-        return describe_config(TWINS_DIR / name / "config.json", "fp32", n_tokens=n_tokens)
-    return describe
+    return _shipped(name)[0]
 
 
 def _twin(name: str) -> dict:
     """register_model's arguments for a twin, from its TWIN_MODELS row."""
     kind, description = TWIN_MODELS[name]
     return {"kind": "gla", "state_kind": kind, "description": description, "options": GLAAdapter,
-            "config": TWINS_DIR / name / "config.json", "describe": _describe(name)}
+            "config": TWINS_DIR / name / "config.json", "describe": _shipped(name)[1]}
 
 
 register_model("smollm2-135m-gla-w64", **_twin("smollm2-135m-gla-w64"))(

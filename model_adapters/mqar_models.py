@@ -9,10 +9,8 @@ config.json (`trained_length`), so results beyond it can be marked.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from evalkit.model_adapters.gla_adapter import GLAAdapter, describe_config
-from evalkit.model_adapters.weights import shipped_checkpoint
+from evalkit.model_adapters.gla_adapter import GLAAdapter, shipped_gla
 from evalkit.models import register_model
 
 MQAR_DIR = Path(__file__).resolve().parent / "mqar"
@@ -31,33 +29,20 @@ MQAR_MODELS = {
 TRAIN = "evalkit train-mqar --config configs/train_mqar.yaml --only {name} (make train-capacity)"
 
 
-def mqar_folder(name: str) -> Path:
-    return shipped_checkpoint(MQAR_DIR / name, name, TRAIN.format(name=name))
+def _shipped(name: str):
+    return shipped_gla(name, MQAR_DIR / name, "model.safetensors", TRAIN.format(name=name),
+                       __name__)
 
 
 def _factory(name: str):
-    def make(path: str | None = None, **options: Any) -> GLAAdapter:
-        if path:
-            raise ValueError(f"{name} is an embedded model and takes no path")
-        options.setdefault("name", name)
-        return GLAAdapter(str(mqar_folder(name)), **options)
-    make.__module__ = __name__
-    return make
-
-
-def _describe(name: str):
-    def describe(n_tokens: int) -> dict:
-        if not (MQAR_DIR / name / "model.safetensors").is_file():
-            return {"note": f"not trained yet: {TRAIN.format(name=name)}"}
-        return describe_config(MQAR_DIR / name / "config.json", "fp32", n_tokens=n_tokens)
-    return describe
+    return _shipped(name)[0]
 
 
 def _mqar(name: str) -> dict:
     """register_model's arguments for a twin, from its MQAR_MODELS row."""
     kind, description = MQAR_MODELS[name]
     return {"kind": "gla", "state_kind": kind, "description": description, "options": GLAAdapter,
-            "config": MQAR_DIR / name / "config.json", "describe": _describe(name)}
+            "config": MQAR_DIR / name / "config.json", "describe": _shipped(name)[1]}
 
 
 register_model("mqar-attn-d64", **_mqar("mqar-attn-d64"))(_factory("mqar-attn-d64"))
