@@ -125,7 +125,7 @@ class CostModel:
             state, last = None, None
             for start in range(0, T, segment):
                 piece = ids[:, start:start + segment]
-                last, state = self.model.prefill(piece, state, segment=segment)
+                last, state = self.model.prefill(piece, state, segment=segment, consume=True)
                 progress(piece.shape[1])
             return state, last[0]
         from evalkit.model_adapters.softmax import kv_cache

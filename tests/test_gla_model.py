@@ -113,6 +113,22 @@ def test_streaming_prefill_is_bounded_by_the_segment():
     assert state.nbytes() == cfg.state_bytes(torch.float32)
 
 
+def test_prefill_consumes_a_state_only_when_handed_over():
+    """A caller's state survives prefill; with consume=True its layers are released as they
+    are used (one state held, not two) and the result is the same."""
+    m = make(tiny())
+    ids = torch.randint(0, 101, (1, 200), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        _, s0 = m.prefill(ids[:, :70], segment=32)
+        before = [t.clone() for t in s0.tensors()]
+        kept_last, kept = m.prefill(ids[:, 70:], s0, segment=32)
+        assert all(torch.equal(x, y) for x, y in zip(s0.tensors(), before))
+        last, state = m.prefill(ids[:, 70:], s0, segment=32, consume=True)
+    assert all(layer is None for layer in s0.layers)
+    assert torch.equal(last, kept_last)
+    assert all(torch.equal(x, y) for x, y in zip(state.tensors(), kept.tensors()))
+
+
 def test_state_is_fp32_for_bf16_weights():
     cfg = tiny()
     m32 = make(cfg)

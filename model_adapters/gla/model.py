@@ -240,13 +240,17 @@ class GLAForCausalLM(nn.Module):
 
     # -- forward passes -----------------------------------------------------------------
     def hidden(self, input_ids: torch.Tensor, state: GLAState | None = None,
-               valid: torch.Tensor | None = None, want_state: bool = False
-               ) -> tuple[torch.Tensor, GLAState | None]:
-        """Final-norm hidden states [B, T, D] and (optionally) the state after the input."""
+               valid: torch.Tensor | None = None, want_state: bool = False,
+               consume: bool = False) -> tuple[torch.Tensor, GLAState | None]:
+        """Final-norm hidden states [B, T, D] and (optionally) the state after the input.
+        consume: `state` is handed over; each layer's entry is released once used, so the pass
+        holds one state, not the old one beside the new (at 3B: 56 MiB fp32 a sequence)."""
         x = self.model.embeddings(input_ids)                            # [B, T, D]
         new_layers = []
         for i, layer in enumerate(self.model.layers):
             x, s = layer(x, state.layers[i] if state is not None else None, valid, want_state)
+            if consume and state is not None:
+                state.layers[i] = None
             new_layers.append(s)
         return self.model.norm(x), (GLAState(new_layers) if want_state else None)
 
@@ -262,12 +266,13 @@ class GLAForCausalLM(nn.Module):
         return self.lm_head(h), new_state
 
     def segment_step(self, input_ids: torch.Tensor, valid: torch.Tensor, state: GLAState,
-                     last_logits: torch.Tensor) -> tuple[torch.Tensor, GLAState]:
+                     last_logits: torch.Tensor, consume: bool = False
+                     ) -> tuple[torch.Tensor, GLAState]:
         """One streamed step over a [B, T] segment whose rows hold `valid` real tokens each
         (right padding after them). Returns the fp32 logits [B, vocab] at each row's last
         real token (rows with valid == 0 keep `last_logits`) and the state after the real
-        tokens only. Only the last positions go through lm_head."""
-        h, new_state = self.hidden(input_ids, state, valid, want_state=True)
+        tokens only. Only the last positions go through lm_head. consume: as in hidden."""
+        h, new_state = self.hidden(input_ids, state, valid, want_state=True, consume=consume)
         B = input_ids.shape[0]
         idx = (valid - 1).clamp(min=0)
         h_last = h[torch.arange(B, device=h.device), idx]               # [B, D]
@@ -277,21 +282,25 @@ class GLAForCausalLM(nn.Module):
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, state: GLAState | None = None,
-                lengths: torch.Tensor | None = None, segment: int | None = None
-                ) -> tuple[torch.Tensor, GLAState]:
+                lengths: torch.Tensor | None = None, segment: int | None = None,
+                consume: bool = False) -> tuple[torch.Tensor, GLAState]:
         """Streaming prefill: consume [B, T] in segments of `segment` tokens, carrying the state,
         so activation memory is bounded by the segment, not T. Returns the logits [B, vocab]
-        at each row's last real token and the state after it."""
+        at each row's last real token and the state after it. The given state is left as it
+        was unless `consume` hands it over (then its layers are released as they are used);
+        the states between segments are this pass's own and are always released so."""
         B, T = input_ids.shape
         seg = segment or self.prefill_segment
         dev = input_ids.device
+        own = consume or state is None
         state = state if state is not None else self.empty_state(B, dev)
         lengths = lengths if lengths is not None else torch.full((B,), T, device=dev)
         last = torch.zeros(B, self.config.vocab_size, device=dev)
         for start in range(0, T, seg):
             ids = input_ids[:, start:start + seg]
             valid = (lengths - start).clamp(0, ids.shape[1])
-            last, state = self.segment_step(ids, valid, state, last)
+            last, state = self.segment_step(ids, valid, state, last, consume=own)
+            own = True
         return last, state
 
     @torch.no_grad()
