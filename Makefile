@@ -1,6 +1,6 @@
 # Two words do everything: `make run` (the quick suite -> leaderboard/quick/) and `make test`.
-# The published board: `make standard` (configs/mqar.yaml + configs/standard-cpu.yaml ->
-# leaderboard/, then configs/standard-served.yaml against a vLLM server it starts ->
+# The published board: `make standard` (configs/mqar.yaml + configs/standard-cpu.yaml +
+# configs/standard-twins.yaml -> leaderboard/, then configs/standard-served.yaml against a vLLM server it starts ->
 # leaderboard/served/, alone: `make standard-served`); its MQAR twins: `make train-capacity` (resumable, member by member).
 PYTHON ?= python3
 VENV   ?= .venv
@@ -35,8 +35,9 @@ run: setup
 	$(BIN)/evalkit run --config configs/quick.yaml --output runs/quick --resume
 	$(BIN)/evalkit publish runs/quick --to leaderboard/quick/
 
-# The standard board: the MQAR twins on Zoology's MQAR (configs/mqar.yaml) and the prose tasks
-# for the tiny pair (configs/standard-cpu.yaml), two runs published as one board.
+# The standard board: the MQAR twins on Zoology's MQAR (configs/mqar.yaml), the prose tasks
+# for the tiny pair (configs/standard-cpu.yaml) and SmolLM2-135M with its linearized twins
+# (configs/standard-twins.yaml), three runs published as one board.
 # Gaps, paired (BASELINE:MODEL = baseline minus model): attention minus each recurrent and
 # windowed twin; attention d 128 minus d 64 and minus the largest GLA; each GLA state minus the
 # next smaller one and the largest minus the smallest; each window minus the next smaller one
@@ -51,11 +52,20 @@ GAPS = $(foreach m,$(MQAR_GLA) $(MQAR_SWA),mqar-attn-d64:$(m)) \
        mqar-swa-w64-d64:mqar-swa-w16-d64 mqar-swa-w256-d64:mqar-swa-w64-d64 \
        mqar-swa-w256-d64:mqar-swa-w16-d64 \
        recall-softmax-tiny:recall-gla-tiny recall-softmax-tiny-matched:recall-gla-tiny \
-       oracle:forgetful
+       oracle:forgetful $(TWIN_GAPS)
+# SmolLM2-135M's linearized twins (configs/standard-twins.yaml): the parent minus each twin and
+# minus the window alone; each w64 twin minus the window alone (what its state adds); 3
+# attention layers, and a 256-token window, against the w64 twin.
+SMOL_W64 = smollm2-135m-gla-w64 smollm2-135m-gla-w64-attn3
+TWIN_GAPS = $(foreach m,$(SMOL_W64) smollm2-135m-gla-w256 smollm2-135m-swa-w64,smollm2-135m:$(m)) \
+            $(foreach m,$(SMOL_W64),$(m):smollm2-135m-swa-w64) \
+            smollm2-135m-gla-w64-attn3:smollm2-135m-gla-w64 smollm2-135m-gla-w256:smollm2-135m-gla-w64
+STANDARD_RUNS = runs/mqar runs/standard-cpu runs/standard-twins
 standard: setup setup-vllm
 	$(BIN)/evalkit run --config configs/mqar.yaml --output runs/mqar --resume
 	$(BIN)/evalkit run --config configs/standard-cpu.yaml --output runs/standard-cpu --resume
-	$(BIN)/evalkit publish runs/mqar runs/standard-cpu --to leaderboard/ $(addprefix --gap ,$(GAPS))
+	$(BIN)/evalkit run --config configs/standard-twins.yaml --output runs/standard-twins --resume
+	$(BIN)/evalkit publish $(STANDARD_RUNS) --to leaderboard/ $(addprefix --gap ,$(GAPS))
 	$(MAKE) --no-print-directory standard-served
 
 # The board's served section, leaderboard/served/ (configs/standard-served.yaml): SmolLM2-135M

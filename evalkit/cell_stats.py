@@ -39,3 +39,19 @@ def metric_values(metric: str, scores: Sequence[tuple[str, float]]) -> list[floa
     if per_probe(metric):
         return scoring.probe_means(scores)
     return [float(v) for _, v in scores]
+
+
+Z95 = 1.959963984540054  # two-sided 95 % normal quantile
+
+
+def wilson(p: float, n: int) -> tuple[float | None, float | None]:
+    """95 % Wilson score interval for a mean recall p over n scored samples. Recall lies in
+    [0, 1], so p(1-p) bounds its variance and the interval stays inside [0, 1] even at n = 2
+    or p = 1, where mean +- 1.96 se collapses to a point. (None, None) without a score."""
+    if not n or p is None or not math.isfinite(p):
+        return None, None
+    z2 = Z95 * Z95
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(max(p * (1 - p), 0.0) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    # the interval always holds p; min/max only undo rounding (p = 0 gave lo = 1e-17 > p)
+    return min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half))

@@ -238,6 +238,8 @@ class GLAAdapter:
                 "state_dtype": "fp32", "device": self.device_name, "backend":
                 f"{self.device_name}-compiled" if self.compiled else f"{self.device_name}-eager",
                 "chunk_size": self.chunk_size,
+                # the exact window, where there is one (what the distance plot marks)
+                **({"window": self.config.window} if self.config.window is not None else {}),
                 **({"pjrt_device": xla.hardware()} if self.device_name in xla.KINDS else {})}
 
     def _weights_identity(self) -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from evalkit.leaderboard import publish
-from evalkit.leaderboard.page import wilson
+from evalkit.cell_stats import wilson
 from helpers import restamp
 from runner_support import build_tokenizer, run, small_run, suite_dict
 
@@ -150,6 +150,10 @@ def test_wilson_interval():
     lo, hi = wilson(0.5, 100)
     assert lo == pytest.approx(0.404, abs=1e-3) and hi == pytest.approx(0.596, abs=1e-3)
     assert wilson(float("nan"), 3) == (None, None) and wilson(0.5, 0) == (None, None)
+    # the interval holds p exactly at the edges (rounding gave lo = 1e-17 > 0 at p = 0, and a
+    # negative error bar in the distance plot)
+    for n in range(1, 200):
+        assert wilson(0.0, n)[0] == 0.0 and wilson(1.0, n)[1] == 1.0
 
 
 # -- in the browser -----------------------------------------------------------------------------

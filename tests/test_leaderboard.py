@@ -286,6 +286,36 @@ def test_every_plot_rendered(board):
     assert "lb_load: recall vs. context length: fewer than two lengths scored" in readme
     assert "lb_needle: recall vs. load: no load sweep (one load)" in readme
     assert "lb_needle: recall vs. number of facts by state size: no load sweep" in readme
+    assert ("lb_needle: recall vs. distance, windows marked: no model with a window" in readme)
+
+
+def test_recall_by_distance_and_window_marks(real_run, tmp_path):
+    """Octave bins of the distance recomputed by hand from samples.jsonl; the figure is drawn
+    only once some model of the task has an exact window (a twin's identity `window`)."""
+    import matplotlib.image as mpimg
+
+    from evalkit.cell_stats import wilson
+    from evalkit.leaderboard import plots as P
+    from evalkit.leaderboard.board import build
+    from evalkit.leaderboard.load import load_run
+
+    b = build([load_run(real_run)])
+    per = P.recall_by_distance(b.samples, "lb_needle")
+    groups = defaultdict(list)
+    for s in samples_of(real_run):
+        if s["task"] == "lb_needle" and scored(s):
+            edge = 2 ** int(math.floor(math.log2(max(s["distance"], 1))))
+            groups[(s["model"], edge)].append(s["scores"][PRIMARY])
+    assert len(per) == len(groups) and per["bin"].nunique() >= 3
+    for r in per.itertuples():
+        vals = groups[(r.model_label, r.bin)]
+        assert r.n == len(vals) and r.recall == pytest.approx(statistics.fmean(vals))
+        assert (r.lo, r.hi) == pytest.approx(wilson(r.recall, r.n))
+    assert P.recall_vs_distance(b.samples, b.identities, "lb_needle", tmp_path / "a.png") is None
+    ids = {**b.identities, "forgetful": {**b.identities["forgetful"], "window": 64}}
+    path = P.recall_vs_distance(b.samples, ids, "lb_needle", tmp_path / "b.png")
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and img[..., :3].std() > 0.01
 
 
 # -- atomic publishing ----------------------------------------------------------------------

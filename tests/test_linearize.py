@@ -138,6 +138,7 @@ def test_twin_loads_and_equals_parent_inside_window(built, parent_dir):
         assert len(ids) > W + 8
         assert twin.identity()["parent_hash"] == json.loads(
             (out / name / "twin.json").read_text())["parent"]["hash"]
+        assert twin.identity()["window"] == W  # what the board's distance plot marks
         inside = twin.prefill(ids[:W]).last_logits
         assert (inside - parent_last(ids[:W])).abs().max() < 1e-4
         past = twin.prefill(ids).last_logits

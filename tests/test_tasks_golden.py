@@ -19,6 +19,7 @@ GOLDEN = {
     ("multikey_multiquery", 4096, 0.5, 8, 24): "663775e6337b878b813495e85359212126cd852a9da000830f49ccaf88dc49f9",
     ("conversation", 1024, 0.5, 3, 31): "19cc8a5a1d1235ea00f3401b97bd22075ddd208d1bbb9322f8f4c4e2998f6559",
     ("conversation", 4096, 1.0, 8, 32): "78d2be2ca3a4ae1c8dca52648877e291fb3545a39e4cb5c248369c94e9971100",
+    ("conversation_recall", 1024, 0.5, 1, 34): "3c8b2de1ff77d5b8222de7931f859342252650c5048694813f0b7c9808c20a8f",
     ("conversation_checkpoints", 2048, 0.0, 4, 33): "8a8a545f767711d3692ded731a93fd51f37856fbeff07e9e4f6ae88454894773",
 }
 

@@ -153,7 +153,7 @@ def test_builtin_task_files_load_and_generate(tiny_tokenizer):
     builtin = [n for n in reg.names() if reg.get(n).source.parent == REPO / "tasks"]
     assert {"needle", "needle_uuid", "needle_phrase", "needle_words", "needle_filler", "needle_multi",
             "multikey", "multikey_mqar", "multikey_multivalue", "multikey_multiquery",
-            "conversation", "conversation_checkpoints"} <= set(builtin)
+            "conversation", "conversation_recall", "conversation_checkpoints"} <= set(builtin)
     # mqar is defined on its own word-level tokenizer (one token per symbol) and refuses others
     mqar_tokenizer = load_tokenizer(REPO / "model_adapters" / "mqar" / "tokenizer")
     for name in builtin:

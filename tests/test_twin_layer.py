@@ -282,3 +282,22 @@ def test_window_linear_needs_attn_and_its_own_layers():
         GLAConfig.from_dict({**d, "window_linear": {"layers": [0, 1], "window": 4}})
     with pytest.raises(ValueError, match="window_linear needs an attn mapping"):
         GLAConfig.from_dict({**d, "attn": None})
+
+
+# -- the shipped family (model_adapters/twins/, built by make train-twins) ------------------
+@pytest.mark.parametrize("name", ["smollm2-135m-gla-w64", "smollm2-135m-gla-w256",
+                                  "smollm2-135m-gla-w64-attn3", "smollm2-135m-swa-w64"])
+def test_shipped_twin_equals_parent_within_window(name, prompts, parent_logits):
+    """Issue 30's bar: on three prompts of at most W tokens each registered twin, assembled
+    from the embedded parent and its trained tensors, gives the parent's logits (fp32)."""
+    from evalkit.model_adapters.gla.twin import TWIN_FILE
+    from evalkit.model_adapters.linearized import TWINS_DIR
+    from evalkit.models import load_model
+
+    if not (TWINS_DIR / name / TWIN_FILE).is_file():
+        pytest.skip(f"{name} is not built yet (make train-twins ONLY={name})")
+    twin = load_model(name)
+    assert twin.identity()["window"] >= W
+    for ids, want in zip(prompts, parent_logits):
+        diff = (twin.model(ids) - want).abs().max().item()
+        assert diff <= 1e-4, (ids.shape, diff)

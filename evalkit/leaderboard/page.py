@@ -9,7 +9,6 @@ function of the board alone (no clock): republishing the same runs gives the sam
 from __future__ import annotations
 
 import html
-import math
 import re
 from importlib import resources
 from typing import Any, Sequence
@@ -17,28 +16,16 @@ from typing import Any, Sequence
 import pandas as pd
 
 from evalkit import atomic
+from evalkit.cell_stats import wilson
 from evalkit.leaderboard.board import Board, records
 from evalkit.leaderboard.readme import how_to_read
 from evalkit.leaderboard.tables import aggregate
 
-Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 
 # results.csv columns the table shows, in order (the page keeps every row, not every metric).
 ROW_FIELDS = ["task_label", "model_label", "state_kind", "target_length", "depth", "load",
               "recall", "n", "n_failed", "n_flagged", "state_bytes", "prompt_tokens",
               "primary_metric"]
-
-
-def wilson(p: float, n: int) -> tuple[float | None, float | None]:
-    """95 % Wilson score interval for a mean recall p over n scored samples. Recall lies in
-    [0, 1], so p(1-p) bounds its variance and the interval stays inside [0, 1] even at n = 2
-    or p = 1, where mean +- 1.96 se collapses to a point. (None, None) without a score."""
-    if not n or p is None or not math.isfinite(p):
-        return None, None
-    z2 = Z95 * Z95
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = Z95 * math.sqrt(max(p * (1 - p), 0.0) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _with_interval(df: pd.DataFrame, cols: Sequence[str]) -> list[dict[str, Any]]:

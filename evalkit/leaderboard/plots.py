@@ -336,3 +336,64 @@ def capacity_vs_state(samples: pd.DataFrame, kinds: dict, identities: dict, task
     fig.suptitle(f"{task}: recall vs. state bytes at load {load}\n({BEYOND_NOTE})", fontsize=10)
     return _save(fig, path)
 
+
+
+# -- 8. recall vs. distance of the fact, windows marked ----------------------------------------
+
+def distance_bins(distance: pd.Series) -> pd.Series:
+    """Octave bins of the distance (tokens from the fact to the question): bin b holds
+    [2^b, 2^(b+1)); 0 counts in the first bin. Returns each sample's bin's lower edge.
+
+        >>> distance_bins(pd.Series([0, 1, 63, 64, 100])).tolist()
+        [1, 1, 32, 64, 64]
+    """
+    d = np.maximum(distance.to_numpy(dtype=float), 1.0)
+    return pd.Series(2 ** np.floor(np.log2(d)), index=distance.index).astype("int64")
+
+
+def recall_by_distance(samples: pd.DataFrame, task: str) -> pd.DataFrame:
+    """Per model x octave bin of distance: recall (mean of the scored samples), n and the 95 %
+    Wilson interval [lo, hi]."""
+    from evalkit.cell_stats import wilson
+
+    t = samples[(samples["task_label"] == task) & samples["scored"] & samples["recall"].notna()]
+    per = (t.assign(bin=distance_bins(t["distance"]))
+           .groupby(["model_label", "bin"])["recall"].agg(recall="mean", n="size").reset_index())
+    bounds = [wilson(p, n) for p, n in zip(per["recall"], per["n"])]
+    return per.assign(lo=[b[0] for b in bounds], hi=[b[1] for b in bounds])
+
+
+def recall_vs_distance(samples: pd.DataFrame, identities: dict, task: str,
+                       path: Path) -> Path | None:
+    """Recall against how far back the asked fact lies (recall_by_distance), one line per
+    model; each model's exact window (identity `window`) drawn as a vertical line: a windowed
+    twin sees facts left of its line exactly, and only its state (or nothing) holds those right
+    of it. None unless some model of the task has a window and the distances span at least
+    three octaves."""
+    per = recall_by_distance(samples, task)
+    windows = {m: identities.get(m, {}).get("window") for m in per["model_label"].unique()}
+    windows = {m: w for m, w in windows.items() if isinstance(w, int) and w > 0}
+    if not windows or per["bin"].nunique() < 3:
+        return None
+    colors = model_colors(samples["model_label"].unique())
+    fig = Figure(figsize=(7.0, 4.4), layout="constrained")
+    ax = fig.subplots()
+    for m, g in per.groupby("model_label"):
+        ax.errorbar(g["bin"] * np.sqrt(2), g["recall"],  # at the bin's geometric centre
+                    yerr=[g["recall"] - g["lo"], g["hi"] - g["recall"]], fmt="o-",
+                    color=colors[m], label=m, ms=4, capsize=2, lw=1.2)
+    for w in sorted(set(windows.values())):
+        ax.axvline(w, color="grey", ls=":", lw=1)
+        ax.annotate(f"W = {w}", (w, 1.04), ha="center", fontsize=7, color="grey",
+                    annotation_clip=False)
+        who = ", ".join(m for m, v in windows.items() if v == w)
+        ax.plot([], [], ls=":", color="grey", label=f"W = {w}: {who}")
+    ax.set_xscale("log", base=2)
+    edges = sorted(per["bin"].unique())
+    _int_ticks(ax, edges + [edges[-1] * 2], fmt_len)
+    ax.set_ylim(-0.03, 1.08)
+    ax.set_xlabel("distance from the fact to the question (tokens; octave bins, 95 % Wilson)")
+    ax.set_ylabel("recall")
+    ax.set_title(f"{task}: recall vs. distance of the fact")
+    ax.legend(fontsize=6, loc="center right")  # recall sits near 0 or 1: the middle is free
+    return _save(fig, path)

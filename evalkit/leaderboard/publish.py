@@ -211,6 +211,7 @@ def draw_plots(board: Board, out: Path) -> tuple[dict[str, list[tuple[str, str]]
         "Recall vs. load": [],
         "Capacity by state size": [],
         "Recall gap per cell": [],
+        "Recall vs. distance of the fact": [],
     }
     skipped: list[str] = []
     o = board.options
@@ -249,6 +250,10 @@ def draw_plots(board: Board, out: Path) -> tuple[dict[str, list[tuple[str, str]]
         add("Recall gap per cell", f"{task}: recall gap per cell", f"gap-{s}.png",
             lambda p: P.gap_heatmaps(board.cell_gaps, task, p),
             why="no baseline/model pair answered its probes")
+        add("Recall vs. distance of the fact", f"{task}: recall vs. distance, windows marked",
+            f"distance-{s}.png",
+            lambda p: P.recall_vs_distance(board.samples, board.identities, task, p),
+            why="no model with a window, or distances in fewer than three octaves")
     # The recall-state law (tasks/mqar.py), first: only when a run holds the Based test mix.
     law = recall_state.board_figure(board.samples, out / "plots" / "mqar-state-bytes.png")
     if law is not None:

@@ -319,6 +319,11 @@ HOW_TO_READ = """## How to read
   is a paired bootstrap percentile interval ({n_boot} resamples of the pairs, seed derived from
   {seed} and the cell, so republishing gives the same numbers). `*` in the gap plots: the
   interval excludes 0.
+- **Recall vs. distance**: the distance is the number of tokens from the asked fact to its
+  question; samples are pooled in octave bins [2^b, 2^(b+1)) with a 95 % Wilson interval per
+  bin. A dotted line marks each model's exact window W (a linearized twin's softmax window or
+  a sliding window): facts left of it are seen exactly, those right of it only through the
+  model's state, or not at all. Drawn where some model of the task has a window.
 - **Merging**: each cell (model identity, task, task version, task config hash, length, depth,
   load) comes from one run: the newest (results.json `created`; on a tie, the one given
   later). Runs with different task versions or config hashes, or different model hashes under

@@ -264,6 +264,14 @@ class GLAConfig:
         d = self.hidden_size // self.attn_spec["num_heads"]
         return 2 * (w["feature_dim"] if w["feature_map"] == "hedgehog" else d)
 
+    @property
+    def window(self) -> int | None:
+        """Tokens seen exactly before older ones are compressed (window_linear) or dropped
+        (attn.window_size); None when no layer has a window."""
+        if self.window_linear is not None:
+            return int(self.window_linear["window"])
+        return self.attn_spec["window_size"] if self.attn is not None else None
+
     def mixer(self, layer: int) -> str:
         """"attn", "gated_conv", "window_linear" or "gla": the sequence mixer of layer `layer`."""
         if layer in self._layers("attn"):
