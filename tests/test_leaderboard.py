@@ -1,15 +1,12 @@
-"""The leaderboard (issue 6): a small real run -> `evalkit publish` -> tables, plots, merging.
+"""The leaderboard (issue 6): a small real run -> `evalkit publish` -> tables and plots.
 
-One real run (the runner, the oracle and forgetful reference adapters, the shared tiny
-tokenizer, the real needle generator on two small grids: depth x length, and a load sweep) is
-made once per module. Table values are recomputed here by hand from its samples.jsonl with
-plain Python (json, statistics), not with the leaderboard's pandas code.
+The run (tests/leaderboard_run.py) is made once per module; table values are recomputed here
+by hand from its samples.jsonl. Atomic publishing and merging: test_leaderboard_merge.py.
 """
 from __future__ import annotations
 
 import json
 import math
-import shutil
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -21,44 +18,12 @@ import pytest
 from evalkit.leaderboard import publish
 from evalkit.leaderboard import derived
 
-from helpers import restamp
-
-# forgetful keeps this many n-gram entries: enough for 128-token prompts, not for 256+, so
-# facts at depth 0 are lost at the longer lengths (a real recall gap against the oracle).
-CAPACITY = 1200
-NEEDLE_YAML = """task: lb_needle
-version: "1"
-generator: evalkit.tasks.needle:generate
-description: depth x length grid (leaderboard tests)
-params: {haystack: prose, digits: 4}
-defaults: {lengths: [128, 256, 512], depths: [0.0, 1.0], loads: [1], samples: 2}
-"""
-LOAD_YAML = """task: lb_load
-version: "1"
-generator: evalkit.tasks.needle:generate
-description: load sweep (leaderboard tests)
-params: {haystack: prose, digits: 4}
-defaults: {lengths: [256], depths: [0.5], loads: [1, 2, 4, 8], samples: 2}
-"""
-PRIMARY = "string_match_all"
+from leaderboard_run import PRIMARY, make_real_run, mean_se, readme_table, samples_of, scored
 
 
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory) -> Path:
-    from evalkit.runner import resolve, run_suite
-    from evalkit.runner.suite import validate
-
-    root = tmp_path_factory.mktemp("lbrun")
-    (root / "tasks").mkdir()
-    (root / "tasks" / "lb_needle.yaml").write_text(NEEDLE_YAML)
-    (root / "tasks" / "lb_load.yaml").write_text(LOAD_YAML)
-    suite = {"name": "lbtest", "include": [str(root / "tasks")],
-             "models": ["oracle", {"name": "forgetful", "options": {"capacity": CAPACITY}}],
-             "tasks": ["lb_needle", "lb_load"]}
-    out = run_suite(resolve(validate(suite, "test"), "test"), output=root / "run",
-                    progress=False)
-    assert (out.run_dir / "DONE").exists() and out.failed == 0
-    return out.run_dir
+    return make_real_run(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -67,62 +32,6 @@ def board(real_run, tmp_path_factory) -> Path:
     publish([real_run], dst)
     return dst
 
-
-def samples_of(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
-
-
-def scored(s: dict) -> bool:
-    return s["error"] is None and s["flag"] is None
-
-
-def mean_se(vals: list[float]) -> tuple[float, float]:
-    m = statistics.fmean(vals)
-    return m, (statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else 0.0)
-
-
-def readme_table(readme: str, heading: str, nth: int = 0) -> list[list[str]]:
-    """The nth Markdown table after `heading`, as rows of cells (header first)."""
-    text = readme.split(heading + "\n", 1)[1]
-    tables, cur = [], []
-    for line in text.splitlines():
-        if line.startswith("|"):
-            if not line.startswith("| ---") and not line.startswith("|---"):
-                cur.append([c.strip() for c in line.strip("|").split(" | ")])
-        elif cur:
-            tables.append(cur)
-            cur = []
-        if line.startswith("## ") and tables:
-            break
-    if cur:
-        tables.append(cur)
-    return tables[nth]
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def copy_run(src: Path, dst: Path, *, run_id: str | None = None, created: str | None = None,
-             edit_sample=None, edit_results=None) -> Path:
-    """A copy of a real run with its identity or samples changed, as a rerun would have."""
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("cache"))
-    res = json.loads((dst / "results.json").read_text())
-    res["run_id"] = run_id or dst.name
-    if created:
-        res["created"] = created
-    if edit_results:
-        edit_results(res)
-    (dst / "results.json").write_text(json.dumps(res))
-    if edit_sample:
-        rows = [edit_sample(s) for s in samples_of(dst)]
-        (dst / "samples.jsonl").write_text(
-            "".join(json.dumps(s) + "\n" for s in rows if s is not None))
-    return restamp(dst)
-
-
-# -- tables vs. hand computation ------------------------------------------------------------
 
 def test_rows_match_samples_by_hand(real_run, board):
     samples = samples_of(real_run)
@@ -316,186 +225,3 @@ def test_recall_by_distance_and_window_marks(real_run, tmp_path):
     path = P.recall_vs_distance(b.samples, ids, "lb_needle", tmp_path / "b.png")
     img = mpimg.imread(path)
     assert img.ndim == 3 and img[..., :3].std() > 0.01
-
-
-# -- atomic publishing ----------------------------------------------------------------------
-
-def test_failed_publish_leaves_previous_leaderboard_untouched(real_run, tmp_path, monkeypatch):
-    dst = tmp_path / "leaderboard"
-    publish([real_run], dst)
-    before = snapshot(dst)
-    assert "README.md" in before and "results.json" in before
-
-    def assert_untouched():
-        assert snapshot(dst) == before
-        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
-
-    # 1. A corrupt run (a samples.jsonl line cut short after the run finished).
-    bad = copy_run(real_run, tmp_path / "corrupt")
-    text = (bad / "samples.jsonl").read_text()
-    (bad / "samples.jsonl").write_text(text[: len(text) - 40])
-    with pytest.raises(ValueError, match=r"corrupt/samples\.jsonl: not the file the run wrote"):
-        publish([real_run, bad], dst)
-    assert_untouched()
-
-    # 2. An unfinished run (no DONE): refused by name.
-    partial = copy_run(real_run, tmp_path / "partial")
-    (partial / "DONE").unlink()
-    with pytest.raises(ValueError, match=r"partial: incomplete run \(no DONE marker\)"):
-        publish([partial], dst)
-    assert_untouched()
-
-    # 3. A failure late in the build, after tables and most plots were written (a plotting
-    #    bug): the half-built folder is thrown away.
-    from evalkit.leaderboard import plots
-
-    def broken(cell_gaps, task, path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"\x89PNG half")
-        raise RuntimeError("plotting failed")
-
-    monkeypatch.setattr(plots, "gap_heatmaps", broken)
-    with pytest.raises(RuntimeError, match="plotting failed"):
-        publish([real_run], dst)
-    assert_untouched()
-    monkeypatch.undo()
-
-    # 4. Never replaces a folder that is not a leaderboard.
-    other = tmp_path / "notes"
-    other.mkdir()
-    (other / "keep.txt").write_text("mine")
-    with pytest.raises(ValueError, match="not an evalkit leaderboard"):
-        publish([real_run], other)
-    assert (other / "keep.txt").read_text() == "mine"
-
-    # A good publish over the old one replaces it whole, deterministically.
-    publish([real_run], dst)
-    assert snapshot(dst) == before
-
-
-# -- merging --------------------------------------------------------------------------------
-
-def test_newer_run_replaces_older_rows(real_run, tmp_path):
-    res = json.loads((real_run / "results.json").read_text())
-
-    def rerun_forgetful_needle(s):
-        # The rerun covers forgetful on lb_needle only, and (say) recalls everything now.
-        if s["model"] != "forgetful" or s["task"] != "lb_needle":
-            return None
-        s["scores"] = {**s["scores"], PRIMARY: 1.0}
-        return s
-
-    newer = copy_run(real_run, tmp_path / "newer", created="2099-01-01T00:00:00Z",
-                     edit_sample=rerun_forgetful_needle)
-    older = copy_run(real_run, tmp_path / "older", created="2000-01-01T00:00:00Z")
-    dst = tmp_path / "lb"
-    # Given newest first: the date decides, not the order.
-    out = publish([newer, older], dst)
-    rows = pd.read_csv(dst / "results.csv")
-    from_new = rows[rows.run_id == "newer"]
-    assert set(zip(from_new.model, from_new.task)) == {("forgetful", "lb_needle")}
-    assert len(from_new) == 6 and (from_new[PRIMARY] == 1.0).all()
-    assert (from_new["n"] == 2).all()  # replaced, not pooled with the older samples
-    assert len(rows) == len(res["rows"]) and set(rows.run_id) == {"newer", "older"}
-    assert out.board.merged.superseded == {"older": 6}
-    readme = (dst / "README.md").read_text()
-    prov = {r[0]: r for r in readme_table(readme, "## Provenance")[1:]}
-    assert prov["older"][5] == "6" and prov["newer"][4] == "6"
-
-    # Same date: the run given later wins.
-    a = copy_run(real_run, tmp_path / "a", created=res["created"])
-    b = copy_run(real_run, tmp_path / "b", created=res["created"])
-    publish([a, b], dst)
-    assert set(pd.read_csv(dst / "results.csv").run_id) == {"b"}
-
-
-def test_different_task_versions_stay_apart(real_run, tmp_path):
-    def bump(s):
-        if s["task"] == "lb_needle":
-            s["task_version"] = "2"
-        return s
-
-    def bump_results(res):
-        res["tasks"]["lb_needle"] = {**res["tasks"]["lb_needle"], "version": "2",
-                                     "config_hash": "f" * 64}
-        # Another tokenizer for forgetful: lengths are then compared in characters too.
-        res["models"]["forgetful"]["tokenizer_hash"] = "0" * 64
-
-    v2 = copy_run(real_run, tmp_path / "v2", created="2099-01-01T00:00:00Z",
-                  edit_sample=bump, edit_results=bump_results)
-    dst = tmp_path / "lb"
-    out = publish([real_run, v2], dst)
-    rows = pd.read_csv(dst / "results.csv", dtype={"task_version": str})
-    needle = rows[rows.task == "lb_needle"]
-    # Both versions are kept as separate cells with their own n, never averaged together.
-    assert sorted(set(needle.task_version)) == ["1", "2"]
-    assert len(needle) == 2 * 12 and (needle["n"] == 2).all()
-    labels = set(needle.task_label)
-    assert len(labels) == 2 and all(lab.startswith("lb_needle v") for lab in labels)
-    # lb_load has one version in both runs: the newer run replaced the older.
-    assert set(rows[rows.task == "lb_load"].run_id) == {"v2"}
-    readme = (dst / "README.md").read_text()
-    for lab in labels:
-        assert f"### {lab}" in readme
-    assert out.board.use_chars[next(lab for lab in labels if " v2@" in lab)]
-    assert "Tokenizers differ here" in readme
-
-
-# -- command line ---------------------------------------------------------------------------
-
-def test_cli_publish(real_run, tmp_path, capsys):
-    from evalkit.cli import main
-
-    dst = tmp_path / "lb"
-    assert main(["publish", str(real_run), "--to", str(dst), "--threshold", "0.99",
-                 "--gap", "oracle:forgetful", "--bootstrap", "500"]) == 0
-    assert "published 20 rows" in capsys.readouterr().out
-    doc = json.loads((dst / "results.json").read_text())
-    assert doc["options"]["threshold"] == 0.99 and doc["options"]["bootstrap_resamples"] == 500
-    assert "## Effective length (threshold 0.99)" in (dst / "README.md").read_text()
-
-    partial = copy_run(real_run, tmp_path / "unfinished")
-    (partial / "DONE").unlink()
-    assert main(["publish", str(partial), "--to", str(tmp_path / "lb2")]) == 2
-    err = capsys.readouterr().err
-    assert "unfinished: incomplete run (no DONE marker)" in err
-    assert not (tmp_path / "lb2").exists()
-    assert main(["publish", str(real_run), "--to", str(dst), "--gap", "oracle:nobody"]) == 2
-    assert "no model 'nobody'" in capsys.readouterr().err
-
-
-def test_bad_runs_are_named(real_run, tmp_path):
-    from evalkit.leaderboard.load import load_run
-
-    no_date = copy_run(real_run, tmp_path / "no_date", edit_results=lambda r: r.pop("created"))
-    with pytest.raises(ValueError, match=r"no_date/results\.json: missing field 'created'"):
-        load_run(no_date)
-
-    def drop_hash(s):
-        s.pop("model_hash")
-        return s
-    no_hash = copy_run(real_run, tmp_path / "no_hash", edit_sample=drop_hash)
-    with pytest.raises(ValueError, match=r"no_hash/samples\.jsonl:1: missing field\(s\) \['model_hash'\]"):
-        load_run(no_hash)
-
-    unknown = copy_run(real_run, tmp_path / "unknown_task",
-                       edit_results=lambda r: r["tasks"].pop("lb_load"))
-    with pytest.raises(ValueError, match=r"task 'lb_load' is not listed in results\.json"):
-        load_run(unknown)
-
-
-def test_capacity_knee_on_a_run(real_run, tmp_path):
-    from evalkit.leaderboard.board import build
-    from evalkit.leaderboard.load import load_run
-
-    def overloaded(s):
-        # As if forgetful lost every fact from 4 needles on: recall 1, 1, 0, 0 by load.
-        if s["model"] == "forgetful" and s["task"] == "lb_load" and s["load"] >= 4:
-            s["scores"] = {**s["scores"], PRIMARY: 0.0}
-        return s
-
-    b = build([load_run(copy_run(real_run, tmp_path / "knee", edit_sample=overloaded))])
-    k = b.capacity_knee.set_index("model_label")
-    assert k.loc["forgetful", "censored"] == "" and 2 < k.loc["forgetful", "knee"] < 4
-    assert k.loc["forgetful", "loads"] == [1, 2, 4, 8]
-    assert k.loc["oracle", "censored"] == "above" and np.isnan(k.loc["oracle", "knee"])

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from evalkit.cell_stats import wilson
 from evalkit.formatting import fmt_bytes, fmt_len
 from evalkit.leaderboard.derived import KNEE_LEVEL, logistic
 from evalkit.leaderboard.tables import aggregate
@@ -337,7 +338,6 @@ def capacity_vs_state(samples: pd.DataFrame, kinds: dict, identities: dict, task
     return _save(fig, path)
 
 
-
 # -- 8. recall vs. distance of the fact, windows marked ----------------------------------------
 
 def distance_bins(distance: pd.Series) -> pd.Series:
@@ -354,8 +354,6 @@ def distance_bins(distance: pd.Series) -> pd.Series:
 def recall_by_distance(samples: pd.DataFrame, task: str) -> pd.DataFrame:
     """Per model x octave bin of distance: recall (mean of the scored samples), n and the 95 %
     Wilson interval [lo, hi]."""
-    from evalkit.cell_stats import wilson
-
     t = samples[(samples["task_label"] == task) & samples["scored"] & samples["recall"].notna()]
     per = (t.assign(bin=distance_bins(t["distance"]))
            .groupby(["model_label", "bin"])["recall"].agg(recall="mean", n="size").reset_index())
