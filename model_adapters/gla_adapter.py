@@ -8,7 +8,9 @@ default: the config's `trained_length`), prefill_segment (tokens per streamed pr
 step), compile (static-shape buckets through torch.compile on cpu / cuda; xla and neuron
 always run the buckets as XLA graphs, see gla/xla.py), batch_buckets, length_buckets,
 compile_backend, random_seed (random weights from this seed and the folder's config.json instead
-of its checkpoint: the identity says random_weights, and publish refuses such a model).
+of its checkpoint: the identity says random_weights, and publish refuses such a model),
+state_off (a model with window_linear layers, a linearized twin, with its state switched off:
+softmax over its sinks and window alone; the identity says so, so it is its own board row).
 A twin folder (gla/twin.py: a parent plus the tensors `evalkit linearize` trained) is
 assembled from its parent, whose tokenizer it uses; its identity names the parent's hash.
 
@@ -58,7 +60,8 @@ class GLAAdapter:
                  compile: bool | None = None, batch_buckets: Sequence[int] = (1, 2, 4, 8),
                  length_buckets: Sequence[int] | None = None, compile_backend: Any = None,
                  tokenizer: str | os.PathLike | None = None,
-                 trained_length: int | None = None, random_seed: int | None = None) -> None:
+                 trained_length: int | None = None, random_seed: int | None = None,
+                 state_off: bool = False) -> None:
         self.path = Path(path).expanduser()
         self.device_name = device
         self.dtype = parse_dtype(dtype)
@@ -90,6 +93,17 @@ class GLAAdapter:
             config_json = self.path / "config.json"
             self.model, self.config = load_checkpoint(self.path, device=dev, dtype=self.dtype)
         self.model.set_ops(mode="chunk", chunk_size=chunk_size)
+        if not isinstance(state_off, bool):
+            raise ValueError(f"{name or path}: state_off must be true or false, got {state_off!r}")
+        self.state_off = state_off
+        if state_off:  # the twin without its state: what the state adds is the gap to this
+            if "window_linear" not in self.config.mixers:
+                raise ValueError(f"{name or path}: state_off=true needs window_linear layers (a "
+                                 f"linearized twin); this model has "
+                                 f"{', '.join(sorted(set(self.config.mixers)))} layers")
+            for mixer, block in zip(self.config.mixers, self.model.model.layers):
+                if mixer == "window_linear":
+                    block.attn.state_off = True
         self.model.prefill_segment = prefill_segment
         self.chunk_size = chunk_size
         self.name = name or f"gla:{self.path.name}"
@@ -238,8 +252,10 @@ class GLAAdapter:
                 "state_dtype": "fp32", "device": self.device_name, "backend":
                 f"{self.device_name}-compiled" if self.compiled else f"{self.device_name}-eager",
                 "chunk_size": self.chunk_size,
-                # the exact window, where there is one (what the distance plot marks)
+                # the exact window and sinks, where there are (what the distance plot marks)
                 **({"window": self.config.window} if self.config.window is not None else {}),
+                **({"sinks": self.config.sinks} if self.config.sinks else {}),
+                **({"state_off": True} if self.state_off else {}),
                 **({"pjrt_device": xla.hardware()} if self.device_name in xla.KINDS else {})}
 
     def _weights_identity(self) -> dict:

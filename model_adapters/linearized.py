@@ -24,6 +24,13 @@ TWIN_MODELS = {
                                              "kept as full attention"),
     "smollm2-135m-swa-w64": ("kv-window", "SmolLM2-135M with every layer's attention limited "
                                           "to the last 64 tokens (no state beyond; untrained)"),
+    # issue 40's family: 4 attention sinks beside the window, both training stages
+    "smollm2-135m-swa-w64-s4": ("kv-window", "SmolLM2-135M with every layer's attention limited "
+                                             "to its first 4 and last 64 tokens (untrained)"),
+    "smollm2-135m-gla-w64-s4": ("hybrid", "SmolLM2-135M linearized: exact softmax over the first "
+                                          "4 and last 64 tokens + a gated linear state beyond"),
+    "smollm2-135m-gdn-w64-s4": ("hybrid", "SmolLM2-135M linearized: exact softmax over the first "
+                                          "4 and last 64 tokens + a gated delta-rule state beyond"),
 }
 BUILD = ("evalkit linearize smollm2-135m --recipe configs/linearize.yaml --only {name} "
          "(make train-twins)")
@@ -44,11 +51,11 @@ def _twin(name: str) -> dict:
             "config": TWINS_DIR / name / "config.json", "describe": _shipped(name)[1]}
 
 
-register_model("smollm2-135m-gla-w64", **_twin("smollm2-135m-gla-w64"))(
-    _factory("smollm2-135m-gla-w64"))
-register_model("smollm2-135m-gla-w256", **_twin("smollm2-135m-gla-w256"))(
-    _factory("smollm2-135m-gla-w256"))
-register_model("smollm2-135m-gla-w64-attn3", **_twin("smollm2-135m-gla-w64-attn3"))(
-    _factory("smollm2-135m-gla-w64-attn3"))
-register_model("smollm2-135m-swa-w64", **_twin("smollm2-135m-swa-w64"))(
-    _factory("smollm2-135m-swa-w64"))
+# one call a name: the architecture test reads each name as register_model's literal argument
+register_model("smollm2-135m-gla-w64", **_twin("smollm2-135m-gla-w64"))(_factory("smollm2-135m-gla-w64"))
+register_model("smollm2-135m-gla-w256", **_twin("smollm2-135m-gla-w256"))(_factory("smollm2-135m-gla-w256"))
+register_model("smollm2-135m-gla-w64-attn3", **_twin("smollm2-135m-gla-w64-attn3"))(_factory("smollm2-135m-gla-w64-attn3"))
+register_model("smollm2-135m-swa-w64", **_twin("smollm2-135m-swa-w64"))(_factory("smollm2-135m-swa-w64"))
+register_model("smollm2-135m-swa-w64-s4", **_twin("smollm2-135m-swa-w64-s4"))(_factory("smollm2-135m-swa-w64-s4"))
+register_model("smollm2-135m-gla-w64-s4", **_twin("smollm2-135m-gla-w64-s4"))(_factory("smollm2-135m-gla-w64-s4"))
+register_model("smollm2-135m-gdn-w64-s4", **_twin("smollm2-135m-gdn-w64-s4"))(_factory("smollm2-135m-gdn-w64-s4"))

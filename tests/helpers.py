@@ -47,3 +47,26 @@ def restamp(run_dir: Path) -> Path:
     done = json.loads((run_dir / DONE).read_text())
     (run_dir / DONE).write_text(json.dumps({**done, "sha256": output_sums(run_dir)}))
     return run_dir
+
+
+def assert_streams_like_one_forward(m, ids, prefills, atol: float = 1e-5) -> None:
+    """A GLAForCausalLM's streamed prefills (`prefills`: [(end, segment), ...] from token 0),
+    then decoding the rest, and a fork decoding other tokens, each equal one full forward."""
+    import torch
+
+    full = m(ids)                                                        # [B, T, V]
+    state, start = None, 0
+    for end, segment in prefills:
+        last, state = m.prefill(ids[:, start:end], state, segment=segment)
+        torch.testing.assert_close(last, full[:, end - 1], atol=atol, rtol=atol)
+        start = end
+    fork = state.clone()
+    for t in range(start, ids.shape[1]):
+        logits, state = m.decode_step(ids[:, t], state)
+        torch.testing.assert_close(logits, full[:, t], atol=atol, rtol=atol)
+    other = ids.clone()      # the fork continues with other tokens, unaffected by the above
+    other[:, start:] = (ids[:, start:] + 1) % m.config.vocab_size
+    want = m(other)
+    for t in range(start, ids.shape[1]):
+        logits, fork = m.decode_step(other[:, t], fork)
+        torch.testing.assert_close(logits, want[:, t], atol=atol, rtol=atol)

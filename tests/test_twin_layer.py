@@ -15,6 +15,7 @@ import json
 
 import pytest
 import torch
+from helpers import assert_streams_like_one_forward
 
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.from_llama import config_from_llama, linearize, load_llama
@@ -141,23 +142,8 @@ def tiny_model(cfg: GLAConfig, seed: int = 0) -> GLAForCausalLM:
 @pytest.mark.parametrize("feature_map,gate", SETTINGS)
 def test_streamed_state_equals_one_forward(feature_map, gate):
     m = tiny_model(tiny(feature_map, gate))
-    ids = torch.randint(0, 64, (2, 23))
-    full = m(ids)                                                        # [2, 23, V]
-    last, state = m.prefill(ids[:, :7], segment=3)        # segments straddle the window (5)
-    torch.testing.assert_close(last, full[:, 6], atol=1e-5, rtol=1e-5)
-    last, state = m.prefill(ids[:, 7:16], state, segment=4)
-    torch.testing.assert_close(last, full[:, 15], atol=1e-5, rtol=1e-5)
-    fork = state.clone()
-    for t in range(16, 23):
-        logits, state = m.decode_step(ids[:, t], state)
-        torch.testing.assert_close(logits, full[:, t], atol=1e-5, rtol=1e-5)
-    # the fork continues with other tokens, unaffected by the decode above
-    other = ids.clone()
-    other[:, 16:] = (ids[:, 16:] + 1) % 64
-    want = m(other)
-    for t in range(16, 23):
-        logits, fork = m.decode_step(other[:, t], fork)
-        torch.testing.assert_close(logits, want[:, t], atol=1e-5, rtol=1e-5)
+    # segments straddle the window (5)
+    assert_streams_like_one_forward(m, torch.randint(0, 64, (2, 23)), [(7, 3), (16, 4)])
 
 
 def test_hybrid_of_attention_and_twin_layers_streams():

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from evalkit.model_adapters.dtypes import parse_dtype
+from evalkit.model_adapters.gla import window_linear_config as wlc
 from evalkit.state_kind import StateBytes
 
 
@@ -165,7 +166,7 @@ class GLAConfig:
         errs = []
         for key, known, required in (("attn", ATTN_KEYS, ("layers", "num_heads")),
                                      ("gated_conv", CONV_KEYS, ("layers",)),
-                                     ("window_linear", WINDOW_LINEAR_KEYS, ("layers", "window"))):
+                                     ("window_linear", wlc.WINDOW_LINEAR_KEYS, ("layers", "window"))):
             spec = getattr(self, key)
             if spec is None:
                 continue
@@ -197,6 +198,9 @@ class GLAConfig:
             w = a["window_size"]
             if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
                 errs.append(f"attn.window_size must be null or a positive integer, got {w!r}")
+            err = wlc.sinks_error("attn", a["sinks"], w)
+            if err:
+                errs.append(err)
             theta = a["rope_theta"]
             if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float))
                                       or not theta > 0):
@@ -207,26 +211,7 @@ class GLAConfig:
             if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
                 errs.append(f"gated_conv.kernel_size must be an integer in [1, 64], got {k!r}")
         if self.window_linear is not None:
-            errs += self._window_linear_errors()
-        return errs
-
-    def _window_linear_errors(self) -> list[str]:
-        w, errs = self.window_linear_spec, []
-        if self.attn is None:
-            errs.append("window_linear needs an attn mapping (its heads, kv heads, bias and "
-                        "rope_theta are attention's; attn.layers may be empty)")
-        for key in ("window", "feature_dim"):
-            n = w[key]
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                errs.append(f"window_linear.{key} must be a positive integer, got {n!r}")
-        for key, choices in (("feature_map", WINDOW_LINEAR_FEATURE_MAPS), ("gate", WINDOW_LINEAR_GATES)):
-            if w[key] not in choices:
-                errs.append(f"window_linear.{key} must be one of {', '.join(choices)}, "
-                            f"got {w[key]!r}")
-        m = w["mix"]
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < 1:
-            errs.append(f"window_linear.mix (the initial window weight) must be a number in "
-                        f"(0, 1), got {m!r}")
+            errs += wlc.errors(self.window_linear, self.attn is not None)
         return errs
 
     def _layers(self, key: str) -> list[int]:
@@ -242,27 +227,26 @@ class GLAConfig:
         a.setdefault("num_kv_heads", a.get("num_heads"))
         a.setdefault("qkv_bias", False)
         a.setdefault("window_size", None)
+        a.setdefault("sinks", 0)
         a.setdefault("rope_theta", 10000.0)
         return a
 
     @property
     def window_linear_spec(self) -> dict[str, Any]:
-        """The twin layers' settings with defaults filled in: LoLCATs' Hedgehog map with 64
-        features (128 after [xW, -xW]), Liger's key gate, window weight 0.5 at init."""
-        w = dict(self.window_linear or {})
-        w.setdefault("feature_map", "hedgehog")
-        w.setdefault("feature_dim", 64)
-        w.setdefault("gate", "key")
-        w.setdefault("mix", 0.5)
-        return w
+        """The twin layers' settings with defaults filled in (window_linear_config.spec)."""
+        return wlc.spec(self.window_linear)
 
     @property
     def window_linear_features(self) -> int:
-        """Features per head of the linear part: 2 x feature_dim (hedgehog), 2 x head dim
-        (softmax: [softmax(x), softmax(-x)] of the head itself)."""
-        w = self.window_linear_spec
-        d = self.hidden_size // self.attn_spec["num_heads"]
-        return 2 * (w["feature_dim"] if w["feature_map"] == "hedgehog" else d)
+        """Features per head of the twin layers' state (window_linear_config.features)."""
+        return wlc.features(self.window_linear, self.hidden_size // self.attn_spec["num_heads"])
+
+    @property
+    def sinks(self) -> int:
+        """Tokens at the start kept exact beside a window (attention sinks); 0 without."""
+        if self.window_linear is not None:
+            return int(self.window_linear_spec["sinks"])
+        return int(self.attn_spec["sinks"]) if self.attn is not None else 0
 
     @property
     def window(self) -> int | None:
@@ -371,13 +355,8 @@ class GLAConfig:
         return 2 * h * h + 2 * h * kv + ((h + 2 * kv) if a["qkv_bias"] else 0)
 
     def _window_linear_params(self) -> int:
-        w, H = self.window_linear_spec, self.attn_spec["num_heads"]
-        n = self._attn_params() + H                                          # + mix logits
-        if w["feature_map"] == "hedgehog":                                   # q and k maps
-            n += 2 * H * (self.hidden_size // H) * w["feature_dim"]
-        if w["gate"] == "learned":
-            n += self.hidden_size * H + H
-        return n
+        return self._attn_params() + wlc.extra_params(self.window_linear, self.hidden_size,
+                                                      self.attn_spec["num_heads"])
 
     def _conv_params(self) -> int:
         h = self.hidden_size
@@ -412,15 +391,19 @@ class GLAConfig:
             elif mixer == "gated_conv":
                 parts += StateBytes(fixed=self.hidden_size * self.gated_conv_kernel * size)
             elif mixer == "window_linear":
-                # [H, F, d_v + 1] (the last column is the normaliser) and the window's K, V
-                H, d = self.attn_spec["num_heads"], self.hidden_size // self.attn_spec["num_heads"]
-                fixed = H * self.window_linear_features * (d + 1) * size
-                n = 2 * self.attn_kv_width() * min(context, self.window_linear_spec["window"]) * size
-                parts += StateBytes(fixed=fixed, recurrent=True, window=n)
+                # the fixed state (window_linear_config), the window's and the sinks' K, V
+                fixed = wlc.fixed_state_values(self.window_linear, self.hidden_size,
+                                               self.attn_spec["num_heads"]) * size
+                kept = min(context, self.window_linear_spec["window"]) + min(context, self.sinks)
+                parts += StateBytes(fixed=fixed, recurrent=True,
+                                    window=2 * self.attn_kv_width() * kept * size)
             else:
                 w = self.attn_spec["window_size"]
-                n = 2 * self.attn_kv_width() * (context if w is None else min(context, w)) * size
-                parts += StateBytes(growing=n) if w is None else StateBytes(window=n)
+                if w is None:
+                    parts += StateBytes(growing=2 * self.attn_kv_width() * context * size)
+                else:  # sinks.py: the window and the first `sinks` tokens
+                    kept = min(context, w) + min(context, self.attn_spec["sinks"])
+                    parts += StateBytes(window=2 * self.attn_kv_width() * kept * size)
         return parts
 
     @property
@@ -442,11 +425,9 @@ class GLAConfig:
         return 2 * self.num_hidden_layers * self.hidden_size * context * parse_dtype(dtype).itemsize
 
 
-ATTN_KEYS = ("layers", "num_heads", "num_kv_heads", "qkv_bias", "window_size", "rope_theta")
+ATTN_KEYS = ("layers", "num_heads", "num_kv_heads", "qkv_bias", "window_size", "sinks",
+             "rope_theta")
 CONV_KEYS = ("layers", "kernel_size")
-WINDOW_LINEAR_KEYS = ("layers", "window", "feature_map", "feature_dim", "gate", "mix")
-WINDOW_LINEAR_FEATURE_MAPS = ("hedgehog", "softmax")
-WINDOW_LINEAR_GATES = ("key", "learned", "none")
 
 
 def _check_type(key: str, value: Any, type_str: str) -> str | None:

@@ -4,9 +4,11 @@ want_state) -> (out [B, T, D], LayerState | None).
 
 Attention is fla's hybrid layer (fla/layers/attn.py: q/k/v/o projections, rotary embedding on
 q and k unless rope_theta is null, an optional sliding window of `window_size` tokens counting
-the current one). Its
+the current one). With a
+window, `sinks` S keeps the first S tokens exact beside it (attention sinks, sinks.py). Its
 state is the KV cache [B, H_kv, T', d] in fp32, T' = every token seen, or the last
-`window_size` with a window, plus the number of tokens seen (the next rotary position).
+`window_size` with a window (then the S sinks' K, V too), plus the number of tokens seen (the
+next rotary position).
 
 The gated convolution is Zoology's BaseConv (arXiv 2312.04927): y = conv(x) * (x W + b), a
 depthwise causal convolution of `kernel_size` taps gating a linear projection. Its state is
@@ -19,7 +21,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from evalkit.model_adapters.gla.config import GLAConfig
+from evalkit.model_adapters.gla.sinks import gather, repeat_heads
 from evalkit.model_adapters.gla.state import STATE_DTYPE, LayerState
+from evalkit.model_adapters.gla.window_linear_ops import window_softmax
 
 
 class ShortConvolution(nn.Module):
@@ -76,7 +80,7 @@ class Attention(nn.Module):
         a, h = cfg.attn_spec, cfg.hidden_size
         self.H, self.Hkv = a["num_heads"], a["num_kv_heads"]
         self.d = h // self.H
-        self.window = a["window_size"]
+        self.window, self.sinks = a["window_size"], a["sinks"]
         self.theta = None if a["rope_theta"] is None else float(a["rope_theta"])
         self.q_proj = nn.Linear(h, self.H * self.d, bias=a["qkv_bias"])
         self.k_proj = nn.Linear(h, self.Hkv * self.d, bias=a["qkv_bias"])
@@ -98,15 +102,17 @@ class Attention(nn.Module):
         pos = torch.arange(start, start + T, device=x.device)
         if self.theta is not None:
             q, k = rotate(q, pos, self.theta), rotate(k, pos, self.theta)
-        if state is not None and state.kv:
-            k = torch.cat([state.kv[0].to(k.dtype), k], 2)                    # [B, Hkv, S, d]
-            v = torch.cat([state.kv[1].to(v.dtype), v], 2)
+        keys = gather(state, k, v, self.sinks)
+        k, v = keys.k, keys.v                                                 # [B, Hkv, S, d]
         S = k.shape[2]
         groups = self.H // self.Hkv
-        kr, vr = (k, v) if groups == 1 else (k.repeat_interleave(groups, 1),
-                                             v.repeat_interleave(groups, 1))
+        kr, vr = repeat_heads(k, groups), repeat_heads(v, groups)
         if S == T and self.window is None:
             o = F.scaled_dot_product_attention(q, kr, vr, is_causal=True)
+        elif self.sinks:  # the window and the first `sinks` tokens (sinks.py)
+            o = window_softmax(q, kr, vr, self.window, n_sink=keys.n_sink,
+                               sink_k=repeat_heads(keys.sink_k, groups),
+                               sink_v=repeat_heads(keys.sink_v, groups))[0].to(q.dtype)
         else:
             kpos = torch.arange(start + T - S, start + T, device=x.device)    # keys' positions
             mask = kpos[None, :] <= pos[:, None]                              # [T, S]
@@ -116,9 +122,7 @@ class Attention(nn.Module):
         o = self.o_proj(o.transpose(1, 2).reshape(B, T, self.H * self.d))
         if not want_state:
             return o, None
-        if self.window is not None:
-            k, v = k[:, :, -self.window:], v[:, :, -self.window:]
-        return o, LayerState(kv=(k.to(STATE_DTYPE), v.to(STATE_DTYPE)), seen=start + T,
+        return o, LayerState(kv=keys.next_kv(self.window, self.sinks), seen=start + T,
                              window=self.window)
 
 

@@ -233,8 +233,9 @@ class GLAForCausalLM(nn.Module):
             elif mixer == "gated_conv":
                 layers.append(LayerState(conv=(zeros(cfg.hidden_size, cfg.gated_conv_kernel),)))
             else:
-                a = block.attn
-                layers.append(LayerState(kv=(zeros(a.Hkv, 0, a.d), zeros(a.Hkv, 0, a.d)),
+                a = block.attn  # window and, with sinks, the sinks' K, V (sinks.py)
+                n = 4 if a.sinks else 2
+                layers.append(LayerState(kv=tuple(zeros(a.Hkv, 0, a.d) for _ in range(n)),
                                          window=a.window))
         return GLAState(layers)
 

@@ -5,9 +5,12 @@ projections carry attention's parameter names, so a parent's attention weights l
 are. Same call as every mixer: (x [B, T, D], LayerState | None, valid, want_state) ->
 (out [B, T, D], LayerState | None).
 
-Each query sees the last `window` tokens (itself included) exactly, and the older ones through
-a gated linear state; window_linear_ops.py has the combination. Settings:
+Each query sees the last `window` tokens (itself included) and the first `sinks` tokens
+exactly, and the others through a state: a gated linear state (`state: gla`,
+window_linear_ops.py has the combination) or a gated delta-rule memory (`state: gated_delta`,
+window_delta_ops.py). Settings (window_linear_config.py):
     window        W, tokens of exact softmax attention (counting the current one)
+    sinks         S, the first S tokens kept exact beside the window, at their true positions
     feature_map   "hedgehog": LoLCATs' learned per-head map phi(x) = [softmax(xW), softmax(-xW)],
                   W [H, d, feature_dim], separate maps for q and k (identity at init when
                   feature_dim = d); "softmax": the same with W = I, no parameters
@@ -17,11 +20,24 @@ a gated linear state; window_linear_ops.py has the combination. Settings:
                   Liger's pooling for scalar-gated states); "learned": logsigmoid(x W_g + b) /
                   gate_logit_normalizer, W_g [D, H]; "none": no forgetting (LoLCATs)
     mix           the window weight per head at init, w = sigmoid(mix_logit), (1 - w) for the
-                  linear part; only the ratio w / (1 - w) matters after normalising
+                  linear part; only the ratio w / (1 - w) matters after normalising. For a
+                  delta-rule state, 1 - mix is the look-back weight at init.
 
-State: the window's K, V [B, H_kv, min(seen, W), d] (rotated keys, fp32) as `kv`, the linear
-state [B, H, F, d + 1] (last column: the normaliser) as `recurrent`, tokens seen as `seen`.
-A state without `recurrent` (the model's empty_state) reads as zeros.
+The gated delta-rule state (Gated DeltaNet, arXiv 2412.06464; initialised from the parent as
+fla-org/hybrid-distillation does: the heads' own q and k, k and v repeated over the KV groups)
+reads the parent's queries and the leaving token's key before rotary (a memory must not depend
+on how far back a fact is), each through a learned per-head map [H, d, d] (identity at init)
+and L2-normalised. Write strength b = sigmoid(k W_b + b_b) from that key, decay from `gate`,
+look-back weight lam = sigmoid(x W_l + b_l) (b_l = logit(1 - mix) at init).
+
+`state_off` (set on the module, never saved: `--model-args state_off=true`) switches the state
+off: the layer is then softmax over the sinks and the window alone, the twin's own reference
+(arXiv 2510.05901: hybrids learn to ignore their linear branch).
+
+State: the window's K, V [B, H_kv, min(seen, W), d] and the sinks' [B, H_kv, min(seen, S), d]
+(rotated keys, fp32; sinks.py) as `kv`, the state as `recurrent` (GLA [B, H, F, d + 1], the
+last column the normaliser; delta rule [B, H, d, d]), tokens seen as `seen`. A state without
+`recurrent` (the model's empty_state) reads as zeros.
 """
 from __future__ import annotations
 
@@ -33,8 +49,11 @@ import torch.nn.functional as F
 
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.mixers import rotate
+from evalkit.model_adapters.gla.sinks import gather, repeat_heads
 from evalkit.model_adapters.gla.state import STATE_DTYPE, LayerState
-from evalkit.model_adapters.gla.window_linear_ops import chunk_window_linear, naive_window_linear
+from evalkit.model_adapters.gla.window_delta_ops import chunk_window_delta, naive_window_delta
+from evalkit.model_adapters.gla.window_linear_ops import (chunk_window_linear, naive_window_linear,
+                                                         window_softmax)
 
 # A learned gate starts input-independent at log a = logsigmoid(3) / 16 ~ -0.003 a token
 # (half-life ~230 tokens): slow enough not to erase what just left the window.
@@ -47,7 +66,7 @@ class WindowLinearAttention(nn.Module):
         a, w, h = cfg.attn_spec, cfg.window_linear_spec, cfg.hidden_size
         self.H, self.Hkv = a["num_heads"], a["num_kv_heads"]
         self.d = h // self.H
-        self.window = w["window"]
+        self.window, self.sinks, self.kind = w["window"], w["sinks"], w["state"]
         self.theta = None if a["rope_theta"] is None else float(a["rope_theta"])
         self.feature_map, self.gate = w["feature_map"], w["gate"]
         self.gate_normalizer = float(cfg.gate_logit_normalizer)
@@ -56,17 +75,27 @@ class WindowLinearAttention(nn.Module):
         self.k_proj = nn.Linear(h, self.Hkv * self.d, bias=a["qkv_bias"])
         self.v_proj = nn.Linear(h, self.Hkv * self.d, bias=a["qkv_bias"])
         self.o_proj = nn.Linear(self.H * self.d, h, bias=False)
-        if self.feature_map == "hedgehog":
-            f = w["feature_dim"]
-            self.q_map = nn.Parameter(self._map_init(f))
-            self.k_map = nn.Parameter(self._map_init(f))
-        self.mix_logit = nn.Parameter(torch.full((self.H,), math.log(w["mix"] / (1 - w["mix"]))))
+        if self.kind == "gated_delta":
+            self.q_map = nn.Parameter(torch.eye(self.d).repeat(self.H, 1, 1))     # [H, d, d]
+            self.k_map = nn.Parameter(torch.eye(self.d).repeat(self.H, 1, 1))
+            self.b_key = nn.Parameter(torch.zeros(self.H, self.d))                # b = 0.5 at init
+            self.b_bias = nn.Parameter(torch.zeros(self.H))
+            self.l_proj = nn.Linear(h, self.H, bias=True)
+            nn.init.zeros_(self.l_proj.weight)
+            nn.init.constant_(self.l_proj.bias, math.log((1 - w["mix"]) / w["mix"]))
+        else:
+            if self.feature_map == "hedgehog":
+                f = w["feature_dim"]
+                self.q_map = nn.Parameter(self._map_init(f))
+                self.k_map = nn.Parameter(self._map_init(f))
+            self.mix_logit = nn.Parameter(torch.full((self.H,), math.log(w["mix"] / (1 - w["mix"]))))
         if self.gate == "learned":
             self.g_proj = nn.Linear(h, self.H, bias=True)
             nn.init.zeros_(self.g_proj.weight)
             nn.init.constant_(self.g_proj.bias, LEARNED_GATE_BIAS)
         # Which implementation runs: "chunk" (default) or "naive" (the reference).
         self.mode, self.chunk_size = "chunk", 64
+        self.state_off = False
 
     def _map_init(self, f: int) -> torch.Tensor:
         if f == self.d:
@@ -93,6 +122,10 @@ class WindowLinearAttention(nn.Module):
             g = F.logsigmoid(self.g_proj(x).float()).transpose(1, 2)           # [B, H, T]
         return g / self.gate_normalizer
 
+    def empty_memory(self, B: int, x: torch.Tensor) -> torch.Tensor:
+        cols = self.d if self.kind == "gated_delta" else self.d + 1
+        return x.new_zeros(B, self.H, self.F, cols, dtype=STATE_DTYPE)
+
     def forward(self, x: torch.Tensor, state: LayerState | None = None,
                 valid: torch.Tensor | None = None, want_state: bool = False
                 ) -> tuple[torch.Tensor, LayerState | None]:
@@ -101,37 +134,55 @@ class WindowLinearAttention(nn.Module):
         if want_state and valid is not None and bool((valid != T).any()):
             raise ValueError("window_linear layers keep a state only for unpadded rows "
                              "(prefill such models one sequence at a time)")
-        q = self.q_proj(x).view(B, T, H, d).transpose(1, 2)                 # [B, H, T, d]
+        q_raw = self.q_proj(x).view(B, T, H, d).transpose(1, 2)             # [B, H, T, d]
         k_raw = self.k_proj(x).view(B, T, Hkv, d)
-        k = k_raw.transpose(1, 2)                                            # [B, Hkv, T, d]
+        q, k = q_raw, k_raw.transpose(1, 2)                                  # [B, Hkv, T, d]
         v = self.v_proj(x).view(B, T, Hkv, d).transpose(1, 2)
         start = state.seen if state is not None else 0
+        pos = torch.arange(start, start + T, device=x.device)
         if self.theta is not None:
-            pos = torch.arange(start, start + T, device=x.device)
             q, k = rotate(q, pos, self.theta), rotate(k, pos, self.theta)
-        if state is not None and state.kv:
-            k = torch.cat([state.kv[0].to(k.dtype), k], 2)                   # [B, Hkv, L+T, d]
-            v = torch.cat([state.kv[1].to(v.dtype), v], 2)
-        L = k.shape[2] - T
-        # the token leaving the window at step t is key index t + L - W (none while < 0)
-        idx = torch.arange(T, device=x.device) + L - W
-        has = (idx >= 0).view(1, 1, T, 1)
+        keys = gather(state, k, v, self.sinks)
         groups = H // Hkv
-        kr, vr = (k, v) if groups == 1 else (k.repeat_interleave(groups, 1),
-                                             v.repeat_interleave(groups, 1))
-        ke, ve = kr[:, :, idx.clamp(min=0)], vr[:, :, idx.clamp(min=0)]      # [B, H, T, d]
-        fk = torch.where(has, self.features(ke, "k_map"), 0.0)
-        u = torch.where(has, ve.float(), 0.0)
-        fq = self.features(q, "q_map")
+        kr, vr = repeat_heads(keys.k, groups), repeat_heads(keys.v, groups)  # [B, H, L+T, d]
+        sinks = {"n_sink": keys.n_sink, "sink_k": repeat_heads(keys.sink_k, groups),
+                 "sink_v": repeat_heads(keys.sink_v, groups)}
+        # the token leaving the window at step t is key index t + L - W; it enters the state
+        # unless it is a sink (index < n_sink) or there is none (index < 0)
+        idx = torch.arange(T, device=x.device) + keys.L - W
+        has = (idx >= keys.n_sink).view(1, 1, T, 1)
         S0 = (state.recurrent if state is not None and state.recurrent is not None
-              else x.new_zeros(B, H, self.F, d + 1, dtype=STATE_DTYPE))
-        op = naive_window_linear if self.mode == "naive" else chunk_window_linear
+              else self.empty_memory(B, x))
         kw = {} if self.mode == "naive" else {"chunk_size": self.chunk_size}
-        o, S = op(q, kr, vr, fq, fk, u, self.log_gate(x, k_raw), torch.sigmoid(self.mix_logit),
-                  W, S0, **kw)
+        if self.state_off:
+            o, S = window_softmax(q, kr, vr, W, chunk_size=self.chunk_size, **sinks)[0], S0
+        elif self.kind == "gated_delta":
+            o, S = self._delta(x, q_raw, k_raw, q, kr, vr, idx, has, pos - W, S0, sinks, kw)
+        else:
+            ke, ve = kr[:, :, idx.clamp(min=0)], vr[:, :, idx.clamp(min=0)]  # [B, H, T, d]
+            fk = torch.where(has, self.features(ke, "k_map"), 0.0)
+            u = torch.where(has, ve.float(), 0.0)
+            op = naive_window_linear if self.mode == "naive" else chunk_window_linear
+            o, S = op(q, kr, vr, self.features(q, "q_map"), fk, u, self.log_gate(x, k_raw),
+                      torch.sigmoid(self.mix_logit), W, S0, **sinks, **kw)
         o = self.o_proj(o.to(x.dtype).transpose(1, 2).reshape(B, T, H * d))
         if not want_state:
             return o, None
-        return o, LayerState(S.to(STATE_DTYPE), kv=(k[:, :, -W:].to(STATE_DTYPE),
-                                                    v[:, :, -W:].to(STATE_DTYPE)),
+        return o, LayerState(S.to(STATE_DTYPE), kv=keys.next_kv(W, self.sinks),
                              seen=start + T, window=W)
+
+    def _delta(self, x, q_raw, k_raw, q, kr, vr, idx, has, leaving_pos, S0, sinks, kw):
+        """The gated delta-rule state's read-out mixed into the window (window_delta_ops)."""
+        ke, ve = kr[:, :, idx.clamp(min=0)], vr[:, :, idx.clamp(min=0)]      # rotated keys
+        if self.theta is not None:  # back to the key before rotary, at its own position
+            ke = rotate(ke, -leaving_pos, self.theta)
+        ke = ke.float()
+        kd = F.normalize(torch.einsum("bhtd,hde->bhte", ke, self.k_map.float()), dim=-1)
+        qd = F.normalize(torch.einsum("bhtd,hde->bhte", q_raw.float(), self.q_map.float()), dim=-1)
+        beta = torch.sigmoid(torch.einsum("bhtd,hd->bht", ke, self.b_key.float())
+                             + self.b_bias.float()[:, None])
+        h = has[..., 0].float()                                               # [1, 1, T]
+        lam = torch.sigmoid(self.l_proj(x).float()).transpose(1, 2) * h      # [B, H, T]
+        op = naive_window_delta if self.mode == "naive" else chunk_window_delta
+        return op(q, kr, vr, qd, torch.where(has, kd, 0.0), torch.where(has, ve.float(), 0.0),
+                  self.log_gate(x, k_raw), beta * h, lam, self.window, S0, **sinks, **kw)
