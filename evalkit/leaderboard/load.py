@@ -16,6 +16,7 @@ import pandas as pd
 
 from evalkit import scoring
 from evalkit.result import SampleResult
+from evalkit.runner.arrivals import closed as closed_label
 from evalkit.runner.rundir import check_output_sums
 from evalkit.runner.shard import WHOLE, Shard, from_dict as shard_from_dict
 
@@ -147,14 +148,20 @@ def load_run(path: str | Path) -> Run:
     df = _frame(rows, spath, tasks)
     # served models' latencies are a deployment's (the board shows their percentiles)
     df["served"] = df["model"].map(lambda m: (models.get(m) or {}).get("kind") == "served")
+    # a served sample of a run made before closed-loop loads were recorded: its concurrency
+    # from the model's options ("?" where they do not say)
+    old = df["served"] & (df["arrivals"] == "")
+    df.loc[old, "arrivals"] = df.loc[old, "model"].map(lambda m: closed_label(
+        ((models.get(m) or {}).get("options") or {}).get("concurrency", "?")))
+    shard = shard_from_dict(res.get("shard"), str(rpath))
+    df["shards"] = shard.count  # N shards offer one schedule together (leaderboard.served)
     df["run_id"] = run_id
     df["run_created"] = created
     df["run_dir"] = str(path)
     return Run(path=path, run_id=run_id, created=created,
                evalkit_version=str(res.get("evalkit_version", "")),
                config_hash=str(res.get("config_hash", "")), provenance=provenance or {},
-               models=models, tasks=tasks, samples=df,
-               shard=shard_from_dict(res.get("shard"), str(rpath)))
+               models=models, tasks=tasks, samples=df, shard=shard)
 
 
 def _frame(rows: list[dict], spath: Path, tasks: dict[str, dict]) -> pd.DataFrame:

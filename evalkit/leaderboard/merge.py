@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from evalkit.leaderboard.load import Run
+from evalkit.runner.arrivals import describe
 
 MODEL_KEY = ["model", "model_hash", "arrivals"]  # a served model under load is its own row
 TASK_KEY = ["task", "task_version", "task_config_hash"]
@@ -66,11 +67,14 @@ def merge_runs(runs: list[Run]) -> Merged:
 
 
 def add_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """Display names: the plain name unless two identities share it, then name@hash; a served
-    model under --arrivals adds the load ("vllm @ poisson:2/s")."""
+    """Display names: the plain name unless two identities share it under one load, then
+    name@hash; a served model adds its load ("vllm @ poisson:2/s", "vllm @ closed loop, 4 in
+    flight"). A served model's options (its concurrency) are in its hash, so its runs under
+    two loads may differ in hash and still be one model: the name is unique per load."""
     df = df.copy()
-    n_hash = df.groupby("model")["model_hash"].nunique()
-    df["model_label"] = [(m if n_hash[m] == 1 else f"{m}@{h[:8]}") + (f" @ {a}" if a else "")
+    n_hash = df.groupby(["model", "arrivals"])["model_hash"].nunique()
+    df["model_label"] = [(m if n_hash[(m, a)] == 1 else f"{m}@{h[:8]}")
+                         + (f" @ {describe(a)}" if a else "")
                          for m, h, a in zip(df["model"], df["model_hash"], df["arrivals"])]
     n_cfg = df.drop_duplicates(TASK_KEY).groupby("task").size()
     df["task_label"] = [t if n_cfg[t] == 1 else f"{t} v{v}@{c[:8]}"

@@ -1,53 +1,122 @@
-"""The board's served section: recall and latency side by side for models behind a server,
-unloaded and under each `--arrivals` load, by task and length (pooled over depth and load).
+"""The board's served section: recall and response time side by side for models behind a
+server, under each load (closed loop with C in flight, unloaded = 1 in flight, or open-loop
+`--arrivals`), by task and length (pooled over depth and load). The definitions are the load
+tester's (DESIGN.md, "Serving engines"):
 
-Latency is the greedy request from its send to its last token; TTFT to its first streamed
-token; queue the client-side wait of a request that was due while every slot was busy. All
-are percentiles over scored samples; in-process models have none and are not listed.
+- n: requests sent (answered + failed); over-length samples were never sent and are not here.
+- failures: failed requests by cause (timeout, connect, http_5xx, http_4xx, bad_response,
+  other); a failure is a miss in "recall", and left out of "recall answered".
+- response time: from when the request was due (its arrival) to its last token, across
+  retries; a failed request counts at its failure. p99 needs at least MIN_P99 requests; below
+  that the maximum is shown, marked "max".
+- service: from the first send to the last token; TTFT: to the first streamed token;
+  attempts: requests sent per sample (1 + retries), mean and maximum.
+
+Runs made before response times were recorded timed their latency from the send: it is shown
+as service time, and their response time is "—" (named below the table), never passed off as
+one from the arrival.
 """
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import pandas as pd
 
 from evalkit.formatting import fmt_len, markdown_table
+from evalkit.leaderboard.load import SCORE_PREFIX
 from evalkit.leaderboard.tables import aggregate
 
+MIN_P99 = 100
+KEY = ["model_label", "task_label", "target_length"]
+HEADER = ["model", "task", "length (tok)", "n", "failures", "recall", "recall answered",
+          "response p50", "response p99", "service p50", "TTFT p50", "attempts"]
 
-def served_rows(samples: pd.DataFrame, primary_recall: pd.DataFrame) -> list[list[str]]:
-    s = samples[samples["served"] & samples["scored"]] if "served" in samples else samples[:0]
-    out = []
-    for (label, task, length), g in s.groupby(["model_label", "task_label", "target_length"],
-                                              sort=True):
-        rec = primary_recall[(primary_recall["model_label"] == label)
-                             & (primary_recall["task_label"] == task)
-                             & (primary_recall["target_length"] == length)]
-        r = rec.iloc[0] if len(rec) else None
-        pct = lambda col, q: _s(np.percentile(g[col].dropna().astype(float), q)
-                                if g[col].notna().any() else None)
-        out.append([label, task, fmt_len(int(length)), str(len(g)),
-                    "—" if r is None else f"{r['recall']:.2f} ± {r['recall_stderr']:.2f}",
-                    pct("latency_s", 50), pct("latency_s", 99), pct("ttft_s", 50),
-                    pct("queue_s", 99)])
-    return out
+
+def served_rows(samples: pd.DataFrame) -> tuple[list[list[str]], list[str]]:
+    """(table rows, notes under the table) for the served samples of `samples`, which carry
+    the primary metric as score.recall (tables.with_primary)."""
+    sent = samples[samples["served"] & samples["flag"].isna()]
+    if sent.empty:
+        return [], []
+    col = SCORE_PREFIX + "recall"
+    failed = sent["error"].notna()
+    as_miss = sent.assign(**{"scored": True, col: sent[col].where(~failed, 0.0)})
+    recall = aggregate(as_miss, KEY, ["recall"]).set_index(KEY)
+    answered = aggregate(sent[~failed], KEY, ["recall"]).set_index(KEY)
+    rows, old, capped, shared = [], [], [], []
+    for key, g in sent.groupby(KEY, sort=True):
+        label, task, length = key
+        where = f"{label} | {task} | {fmt_len(int(length))}"
+        bad = g["error"].notna()
+        ok = g[~bad]
+        new = ok["service_s"].notna()  # else a run from before response times were recorded
+        causes = Counter(g.loc[bad, "error_cause"].fillna("unrecorded"))
+        # a failure counts at its failure, where the request reached the wire
+        gave_up = bad & g["error_cause"].notna() & (g["error_cause"] != "other")
+        response = pd.concat([ok.loc[new, "latency_s"], g.loc[gave_up, "latency_s"]])
+        if not new.all():
+            old.append(where)
+        waited = int((g["queue_s"].fillna(0) > 0).sum())
+        if waited:
+            capped.append(f"{where}: {waited}")
+        if g["shards"].max() > 1:
+            shared.append(label)
+        attempts = g["attempts"].dropna().astype(float)
+        rows.append([
+            label, task, fmt_len(int(length)), str(len(g)),
+            f"{int(bad.sum())}" + (" (" + ", ".join(f"{c} {k}" for c, k in sorted(
+                causes.items())) + ")" if causes else ""),
+            _recall(recall, key), _recall(answered, key), _q(response, 50), _p99(response),
+            _q(ok["service_s"].where(new, ok["latency_s"]), 50), _q(ok["ttft_s"], 50),
+            f"{attempts.mean():.2f} (max {int(attempts.max())})" if len(attempts) else "—"])
+    notes = []
+    if old:
+        notes.append("Response time not recorded (runs made before it was; their latency is "
+                     "timed from the send and shown as service): " + "; ".join(old) + ".")
+    if capped:
+        notes.append("Requests sent late because the cap on open requests was reached (the "
+                     "load was not fully open): " + "; ".join(capped) + ".")
+    for label in dict.fromkeys(shared):
+        notes.append(f"{label}: the run was split into shards (--shard I/N); each shard "
+                     f"sent its part of one schedule, so together they offered the load named.")
+    return rows, notes
 
 
 def served_section(samples: pd.DataFrame) -> str:
     """Markdown, or "" when no served model is on the board."""
-    recall = aggregate(samples, ["model_label", "task_label", "target_length"], ["recall"])
-    rows = served_rows(samples, recall)
+    rows, notes = served_rows(samples)
     if not rows:
         return ""
-    return ("## Served models: recall and latency\n\n"
-            "Models evaluated behind an inference server (`served:URL`), unloaded (requests "
-            "sent as fast as `concurrency` allows) and under `--arrivals` (the label after "
-            "`@`). Recall: mean primary recall ± standard error, as above. Seconds, over "
-            "scored samples: latency = request sent to last token, TTFT = to the first "
-            "streamed token, queue = waiting for a free request slot after it was due. "
-            "Latencies are this machine's and this server's, not the model's.\n\n"
-            + markdown_table(["model", "task", "length (tok)", "n", "recall", "latency p50",
-                              "latency p99", "TTFT p50", "queue p99"], rows) + "\n")
+    return ("## Served models: recall and response time\n\n"
+            "Models evaluated behind an inference server (`served:URL`), under the load after "
+            "`@`: a closed loop keeps C requests in flight (1: unloaded); `poisson:R/s` and "
+            "`trace:` send each request when it is due, whatever is in flight (open loop). n: "
+            "requests sent; failures by cause. Recall: mean primary recall ± standard error "
+            "with failures as misses; recall answered: over the answered requests only. "
+            "Seconds: response = from when the request was due to its last token, across "
+            f"retries (failures at their failure); p99 where n ≥ {MIN_P99}, else the maximum "
+            "(marked max); service = first send to last token; TTFT = to the first streamed "
+            "token; attempts = requests sent per sample, mean (max). Times are this machine's "
+            "and this server's, not the model's.\n\n"
+            + markdown_table(HEADER, rows) + "\n"
+            + "".join(f"{n}\n\n" for n in notes))
 
 
-def _s(x: float | None) -> str:
-    return "—" if x is None else f"{x:.2f}"
+def _recall(table: pd.DataFrame, key: tuple) -> str:
+    if key not in table.index or not table.loc[key, "n"]:
+        return "—"
+    r = table.loc[key]
+    return f"{r['recall']:.2f} ± {r['recall_stderr']:.2f}"
+
+
+def _q(values: pd.Series, q: float) -> str:
+    xs = values.dropna().astype(float)
+    return "—" if xs.empty else f"{np.percentile(xs, q):.2f}"
+
+
+def _p99(values: pd.Series) -> str:
+    xs = values.dropna().astype(float)
+    if xs.empty:
+        return "—"
+    return _q(xs, 99) if len(xs) >= MIN_P99 else f"max {xs.max():.2f}"

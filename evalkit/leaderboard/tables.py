@@ -59,7 +59,7 @@ def aggregate(samples: pd.DataFrame, by: Sequence[str],
                    state_bytes=float(s["state_bytes"].mean()),
                    state_kind=",".join(sorted(set(g["state_kind"].dropna()))))
         lat = s.loc[s["served"], "latency_s"].astype(float) if "served" in s else []
-        for q in LATENCY_QUANTILES:  # request to last token; empty for in-process models
+        for q in LATENCY_QUANTILES:  # response time (result.latency_s); none in process
             row[f"latency_p{q}_s"] = float(np.percentile(lat, q)) if len(lat) else NAN
         for m in metrics:
             row[m], row[f"{m}_stderr"] = _mean_stderr(s, m)

@@ -3,7 +3,9 @@
 evalkit downloads nothing at run time; lm-eval would try, and fail late (after every earlier
 task ran) with a raw connection error naming a host. `refusals` reads each requested task's
 YAML (functions unresolved: nothing is imported or built) and names what is missing:
-- a hub `dataset_path` that is not in the local `datasets` / hub cache, or a builder
+- a hub `dataset_path` whose configuration (`dataset_name`) is not prepared in the local
+  `datasets` cache (what `datasets` reads offline; the hub's download cache, or a `.no_exist`
+  marker there, is not the data set), or a builder
   (`json`, `csv`, ...) whose `dataset_kwargs.data_files` are URLs;
 - a `custom_dataset` function known to fetch data: RULER's QA tasks (SQuAD, HotpotQA, read
   from URLs with `requests`) and its essay-haystack needle tasks (Paul Graham's essays from
@@ -128,14 +130,14 @@ def _needs(cfg: dict) -> Iterator[Need]:
 
 
 def _hub_need(repo: str, config_name: Any, local_copy: bool = True) -> Need | None:
-    if in_cache(repo):
+    config = str(config_name) if config_name else None
+    if in_cache(repo, config):
         return None
-    checked = cache_folders(repo)
     # one Need per repo, whatever the config: mmlu's 57 subtasks are one sentence
-    name = " (each task's config: its dataset_name)" if config_name else ""
-    load = f"datasets.load_dataset({repo!r}{', <dataset_name>' if config_name else ''})"
+    name = " (each task's config: its dataset_name)" if config else ""
+    load = f"datasets.load_dataset({repo!r}{', <dataset_name>' if config else ''})"
     return Need(f"the hub data set {repo}{name}, not in the local datasets cache "
-                f"({' or '.join(map(str, checked))})",
+                f"({cache_folder(repo)})",
                 f"the Hugging Face hub ({repo})",
                 f"fetch it once where there is network (`python -c \"import datasets; {load}\"`"
                 f", same HF_HOME)" + (f", or use {LOCAL_COPY}" if local_copy else
@@ -143,19 +145,30 @@ def _hub_need(repo: str, config_name: Any, local_copy: bool = True) -> Need | No
                                       "applies)"))
 
 
-def in_cache(repo: str) -> bool:
-    """Whether a hub data set was fetched before: one of its cache folders is not empty."""
-    return any(p.is_dir() and any(p.iterdir()) for p in cache_folders(repo))
+def in_cache(repo: str, config: str | None = None) -> bool:
+    """Whether `datasets` can load this data set's configuration offline: it was prepared in
+    its cache, as CONFIG/VERSION/HASH/dataset_info.json naming that configuration (any one
+    when `config` is None), which is where `datasets` looks when the hub is unreachable."""
+    import json
+
+    for info in cache_folder(repo).glob(f"{config or '*'}/*/*/dataset_info.json"):
+        try:
+            named = json.loads(info.read_text(encoding="utf-8")).get("config_name")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if config is None or named == config:
+            return True
+    return False
 
 
-def cache_folders(repo: str) -> list[Path]:
-    """Where a hub data set fetched before would be: the `datasets` cache (org___name) and
-    the hub download cache (datasets--org--name)."""
+def cache_folder(repo: str) -> Path:
+    """Where `datasets` keeps a hub data set it prepared (org___name, the name in snake case,
+    as datasets.load names it)."""
     import datasets.config
-    from huggingface_hub import constants
+    from datasets.naming import camelcase_to_snakecase
 
-    return [Path(datasets.config.HF_DATASETS_CACHE) / repo.replace("/", "___"),
-            Path(constants.HF_HUB_CACHE) / ("datasets--" + repo.replace("/", "--"))]
+    *org, name = repo.split("/")
+    return Path(datasets.config.HF_DATASETS_CACHE) / "___".join([*org, camelcase_to_snakecase(name)])
 
 
 def punkt_tab_installed() -> bool:

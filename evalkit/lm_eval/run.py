@@ -6,9 +6,11 @@ pair (evalkit.lm_eval.pairs): a pair that raises is a failed entry naming the mo
 the function that raised and the error, and the other pairs still run. Documents with an
 empty gold answer list are counted and left out of scoring. It writes, per model, into
 output_dir/<model>/ (each file atomically):
-- pairs/<task>.json: one scored pair (its key, entry and lm-eval results): a later call with
-  the same key (model identity and options, task, settings, lm-eval version) reuses it, so
-  `evalkit run --resume` re-evaluates only the pairs that failed;
+- pairs/<task>.json: one scored pair (its key, entry and lm-eval results, and their sha256):
+  a later call with the same key (model identity and options, task, settings, lm-eval
+  version, the hash of evalkit's source) reuses it, so `evalkit run --resume` re-evaluates
+  only the pairs that failed; a file whose content does not match its sha256 is evaluated
+  again;
 - results.json: lm-eval's results object for the model's scored tasks (results, configs,
   versions, n-samples, config...), without the samples;
 - samples_<task>.jsonl: lm-eval's logged samples (doc, arguments, resps, filtered_resps,
@@ -34,6 +36,8 @@ from typing import Any, Sequence
 
 from evalkit import atomic
 from evalkit.formatting import slug
+from evalkit.probe import canonical_json
+from evalkit.code_version import code_hash
 
 
 def tokenizer_folder(tokenizer: Any) -> str | None:
@@ -136,7 +140,7 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: LmEvalTasks, *, output_dir: 
     settings = {"limit": limit, "seed": seed, "num_fewshot": num_fewshot,
                 "gen_kwargs": gen_kwargs, "apply_chat_template": apply_chat_template,
                 "bootstrap_iters": bootstrap_iters, "log_samples": log_samples,
-                "lm_eval": lm_eval.__version__}
+                "lm_eval": lm_eval.__version__, "evalkit_code": code_hash()}
     evaluate_kw = {"log_samples": log_samples, "num_fewshot": num_fewshot,
                    "gen_kwargs": gen_kwargs, "apply_chat_template": apply_chat_template,
                    "bootstrap_iters": bootstrap_iters, **_seeds(seed)}
@@ -243,21 +247,30 @@ def _evaluate(lm: Any, tasks: LmEvalTasks, manager: Any, model: str, task: str, 
                   "empty_gold_lines": [empty_gold_line(model, name, r)
                                        for name, r in done["empty_gold"].items()],
                   "n_samples": res.get("n-samples", {}), "samples": files})
-    atomic.write_text(stale, json.dumps({"key": key, "entry": entry, "result": res},
-                                        default=handle_non_serializable, indent=1,
+    doc = json.loads(json.dumps({"key": key, "entry": entry, "result": res},
+                                default=handle_non_serializable))  # as a reader sees it
+    atomic.write_text(stale, json.dumps({**doc, "sha256": _checksum(doc)}, indent=1,
                                         ensure_ascii=False) + "\n")
     return entry, _plain(res)
 
 
+def _checksum(doc: dict) -> str:
+    import hashlib
+
+    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()
+
+
 def _read_pair(folder: Path, task: str) -> dict | None:
+    """A stored pair, or None: absent, unreadable, or not the bytes it was written with (its
+    sha256 differs: edited or torn): the pair is evaluated again."""
     path = folder / "pairs" / f"{slug(task, 'task')}.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    except (OSError, ValueError):  # absent, unreadable or not JSON
         return None
-    except (OSError, ValueError):  # unreadable or torn by hand: evaluate the pair again
+    if not (isinstance(data, dict) and {"key", "entry", "result"} <= set(data)):
         return None
-    return data if isinstance(data, dict) and {"key", "entry", "result"} <= set(data) else None
+    return data if data.pop("sha256", None) == _checksum(data) else None
 
 
 def _write_model(folder: Path, scored: list[dict], entries: list[dict]) -> dict:

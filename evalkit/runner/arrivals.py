@@ -1,24 +1,29 @@
-"""`--arrivals`: when a served model's requests are sent, instead of as fast as possible.
+"""Loads a served model is answered under: open loop (`--arrivals`) or closed loop.
 
-    poisson:RATE   RATE requests per second on average, exponential gaps (seeded)
-    trace:FILE     offsets in seconds from the start, one per line (a recorded workload)
+    poisson:RATE   open loop: RATE requests per second on average, exponential gaps (seeded)
+    trace:FILE     open loop: offsets in seconds from the start, one per line (a recorded load)
+    closed:C       without --arrivals: C requests kept in flight, the next sent when one ends
+                   (closed:1 is unloaded, one request at a time)
 
-Each (model, task) pair of a run replays the schedule from its own start: its k-th request in
-plan order is due at offset k. A request that is due while `concurrency` are already in flight
-waits for a free slot; that wait is the sample's `queue_s` (the server's own queueing shows in
-its TTFT). Offsets are a pure function of (arrivals, seed, task), so a rerun sends the same
-requests at the same times.
+Open loop: each request is sent when it is due, whatever is in flight (evalkit.runner.
+concurrent), so its response time, due time to last token, holds the queueing a user would
+meet. One schedule covers a model's whole plan: the requests, every task, length and depth of
+it, are put in the order of sha256(seed, request key) and take the schedule's offsets in that
+order. So a request's due time is a pure function of (arrivals, seed, its key, the plan), not
+of plan order (which is longest prompt first); a resumed run sends what is left at the same
+due times, and `--shard I/N` shards each send their part of the one schedule, N shards
+together offering RATE.
 
-    >>> parse("poisson:2").offsets(3, seed=0, key="needle")  # doctest: +ELLIPSIS
-    [0.0..., ...]
+    >>> sorted(parse("poisson:2").schedule(["a", "b", "c"], seed=0).values())  # doctest: +ELLIPSIS
+    [0.0, ...]
 """
 from __future__ import annotations
 
 import hashlib
 import math
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 
 MAX_RATE = 10_000.0          # requests per second
@@ -48,19 +53,52 @@ class Arrivals:
             return {"kind": "poisson", "rate": self.rate}
         return {"kind": "trace", "sha256": self.sha256, "offsets": len(self.times)}
 
-    def offsets(self, n: int, *, seed: int, key: str) -> list[float]:
-        """The due times (seconds from the pair's start) of its first n requests."""
+    def offsets(self, n: int, *, seed: int) -> list[float]:
+        """The schedule's first n due times, seconds from its start. Raises ValueError for a
+        trace with fewer offsets, or a Poisson schedule expected to outlast MAX_OFFSET_S (a
+        typo such as poisson:1e-6 would otherwise sleep for days)."""
         if self.kind == "trace":
             if n > len(self.times):
                 raise ValueError(f"--arrivals trace:{self.file}: {n} requests to send but only "
                                  f"{len(self.times)} offsets in the file; give one per request")
             return list(self.times[:n])
+        expected = self.expected_s(n)
+        if expected > MAX_OFFSET_S:
+            raise ValueError(f"--arrivals {self.label}: {n} requests take about {expected:,.0f} s "
+                             f"at that rate, longer than the cap of {MAX_OFFSET_S:,.0f} s "
+                             f"(a week); use a rate of at least "
+                             f"{max(n - 1, 1) / MAX_OFFSET_S:.3g} per second")
         import numpy as np
 
-        rng = np.random.default_rng([seed, zlib.crc32(key.encode())])
-        gaps = rng.exponential(1.0 / self.rate, size=n)
-        gaps[:1] = 0.0  # the first request opens the pair
+        gaps = np.random.default_rng(seed).exponential(1.0 / self.rate, size=n)
+        gaps[:1] = 0.0  # the first request opens the schedule
         return np.cumsum(gaps).tolist()
+
+    def expected_s(self, n: int) -> float:
+        """How long sending n requests is expected to take."""
+        if self.kind == "trace":
+            return self.times[n - 1] if 0 < n <= len(self.times) else 0.0
+        return max(n - 1, 0) / self.rate
+
+    def schedule(self, keys: Sequence[str], *, seed: int) -> dict[str, float]:
+        """Each request key's due time: the keys in the order of sha256(seed, key) take the
+        schedule's offsets, so lengths, depths and tasks interleave at random."""
+        order = sorted(set(keys), key=lambda k: hashlib.sha256(f"{seed}\0{k}".encode()).digest())
+        return dict(zip(order, self.offsets(len(order), seed=seed)))
+
+
+def closed(concurrency: int | str) -> str:
+    """The label of a closed loop of `concurrency` requests in flight ("?": not recorded)."""
+    return f"closed:{concurrency}"
+
+
+def describe(label: str | None) -> str:
+    """A load label in words, for the board: 'closed:1' -> 'unloaded, 1 in flight'."""
+    if label and label.startswith("closed:"):
+        c = label[len("closed:"):]
+        return {"1": "unloaded, 1 in flight", "?": "closed loop, in flight not recorded"}.get(
+            c, f"closed loop, {c} in flight")
+    return label or ""
 
 
 def parse(text: str, where: str = "--arrivals") -> Arrivals:

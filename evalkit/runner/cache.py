@@ -1,13 +1,16 @@
 """Content-addressed store of finished samples: what makes runs resumable and re-runs cheap.
 
 Key material: the model identity hash, the probe hash, the question index, the generation
-settings, the evalkit version and the cache schema. An entry lives at
+settings (the load included), the hash of evalkit's source (provenance.code_hash) and the cache
+schema. An entry lives at
 `<root>/entries/<h[:2]>/<h>.json` with h = sha256(canonical JSON of the key material), and
 stores that material next to the SampleResult. So:
 - two different models (or the same model with other weights, dtype or options) never share
   an entry: their identity hashes differ;
-- a store written by another evalkit version or cache schema is detected when it is opened
-  (`CACHE.json` manifest) and refused with a clear error, never reused;
+- a sample scored by other code (a changed scorer, renderer or adapter) is not found: the
+  code hash is part of its key, so `--resume` and a shared `--cache-dir` score it again;
+- a store of another cache schema is detected when it is opened (`CACHE.json` manifest) and
+  refused with a clear error, never reused;
 - an entry whose stored material does not match the key it was looked up under (a copied or
   tampered file), or whose content does not match its stored sha256 (a hand-edited result),
   is reported and recomputed.
@@ -25,9 +28,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from evalkit import __version__, atomic
+from evalkit import atomic
 from evalkit.probe import canonical_json
 from evalkit.result import SampleResult
+from evalkit.runner import provenance
 
 CACHE_SCHEMA = 1
 MANIFEST = "CACHE.json"
@@ -38,7 +42,7 @@ class CacheError(ValueError):
 
 
 class CacheMismatch(CacheError):
-    """The store was written by another evalkit version or cache schema."""
+    """The store was written with another cache schema."""
 
 
 def _checksum(key: dict, result: dict) -> str:
@@ -46,14 +50,14 @@ def _checksum(key: dict, result: dict) -> str:
 
 
 class SampleCache:
-    def __init__(self, root: str | Path, *, version: str = __version__) -> None:
+    def __init__(self, root: str | Path, *, code: str | None = None) -> None:
         self.root = Path(root)
-        self.version = version
+        self.code = code or provenance.code_hash()
         self.hits = self.misses = self.stale = 0
         self._open()
 
     def _manifest(self) -> dict:
-        return {"cache_schema": CACHE_SCHEMA, "evalkit_version": self.version}
+        return {"cache_schema": CACHE_SCHEMA}
 
     def _open(self) -> None:
         path = self.root / MANIFEST
@@ -75,12 +79,12 @@ class SampleCache:
         if diff:
             what = "; ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in diff.items())
             raise CacheMismatch(
-                f"cache {self.root} was written by another evalkit ({what}): its entries are "
+                f"cache {self.root} was written with another layout ({what}): its entries are "
                 f"not reused. Start a new run (or point --cache-dir elsewhere), or delete the "
                 f"cache to recompute.")
 
     def key(self, model_hash: str, probe_hash: str, question: int, generation: dict) -> dict:
-        return {"cache_schema": CACHE_SCHEMA, "evalkit_version": self.version,
+        return {"cache_schema": CACHE_SCHEMA, "evalkit_code": self.code,
                 "model_hash": model_hash, "probe_hash": probe_hash, "question": question,
                 "generation": generation}
 

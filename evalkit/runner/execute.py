@@ -34,7 +34,7 @@ class ModelRun:
     state_kind: str
     stop: tuple[str, ...] = ANSWER_STOP
     max_new_tokens: int | None = None  # overrides each question's own budget when set
-    arrivals: str | None = None        # the load it is answered under (Arrivals.label)
+    arrivals: str | None = None        # a served model's load: poisson:R/s, trace:.., closed:C
 
 
 def prompt_chars(item: Request) -> int:
@@ -68,15 +68,21 @@ def error_text(e: BaseException) -> str:
 def failed(run: ModelRun, item: Request, e: BaseException) -> SampleResult:
     s = base_sample(run, item)
     s.error = error_text(e)
+    # a served request's ServerError says why and after how many attempts; anything else
+    # (a bad token id, a broken score) is "other"
+    s.error_cause = getattr(e, "cause", None) or "other"
+    s.attempts = getattr(e, "attempts", None)
     return s
 
 
-def answer(run: ModelRun, item: Request, state: Any, *, consume: bool, feed: bool = True) -> SampleResult:
+def answer(run: ModelRun, item: Request, state: Any, *, consume: bool, feed: bool = True,
+           due: float | None = None) -> SampleResult:
     """Answer `item` from `state` (the context before its question; with feed=False, the
-    whole prompt). With consume=False the state is forked first and stays intact."""
+    whole prompt). With consume=False the state is forked first and stays intact. `due`: the
+    time.monotonic() the request was due (--arrivals), the start of its response time."""
     model, q = run.adapter, item.question
     sample = base_sample(run, item)
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
     try:
         s = state if consume else model.fork(state)
         if feed:
@@ -109,10 +115,12 @@ def answer(run: ModelRun, item: Request, state: Any, *, consume: bool, feed: boo
             sample.state_bytes = int(model.state_bytes(s))
     except Exception as e:  # one bad sample must not end the run
         sample, timing = failed(run, item, e), None
-    if timing is not None:
-        sample.latency_s, sample.ttft_s = timing.latency_s, timing.ttft_s
-    else:
-        sample.latency_s = time.perf_counter() - t0
+    if timing is not None:  # a served request: its whole time, from the first send
+        sample.ttft_s, sample.service_s = timing.ttft_s, timing.service_s
+        sample.attempts = timing.attempts
+        sample.latency_s = timing.service_s if due is None else timing.done_at - due
+    else:  # in process, or a failure: until now
+        sample.latency_s = time.monotonic() - (t0 if due is None else due)
     return sample
 
 

@@ -1,6 +1,8 @@
 """Provenance: everything needed to tell whether two runs are comparable and to redo one.
 
-Recorded: evalkit version; git commit and dirty flag of the evalkit checkout (when it is one);
+Recorded: evalkit version and `evalkit_code`, the hash of its source (code_hash: what the
+sample cache and lm-eval's stored pairs are keyed on, so results of other code are never
+reused); git commit and dirty flag of the evalkit checkout (when it is one);
 the config hash; each model's identity (weights hash, dtype, backend ... as the adapter reports
 it) with its hash and tokenizer hash; each task's version, config hash and source file; package
 versions; seeds; python and platform; start and finish timestamps. Nothing here varies between
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit import __version__
+from evalkit.code_version import code_hash
 from evalkit.probe import canonical_json
 
 PACKAGES = ("torch", "transformers", "tokenizers", "lm_eval", "datasets", "safetensors",
@@ -79,6 +82,7 @@ def collect(*, config_hash: str, seed: int, models: dict, tasks: dict, started: 
             finished: str | None = None, resumed: list[str] | None = None) -> dict[str, Any]:
     return {
         "evalkit_version": __version__,
+        "evalkit_code": code_hash(),
         "git": git_state(),
         "config_hash": config_hash,
         "models": models,

@@ -2,11 +2,14 @@
 
     probes (per tokenizer) -> items (one per question) -> over-length? flag : plan
     plan units (this --shard's part), sharded over ranks -> cached? reuse : execute -> cache
+      (a served model under --arrivals: every task's requests in one schedule over the
+      model's whole plan, each sent at its due time; evalkit.runner.arrivals)
     -> gather on rank 0
     rank 0: sort samples in suite order -> aggregate -> write the run directory, DONE last
 
-A KeyboardInterrupt (Ctrl-C, or SIGTERM via evalkit run) stops the loop between two samples:
-every finished sample is already in the cache, so `--resume` continues where it stopped and
+A KeyboardInterrupt (Ctrl-C, or SIGTERM via evalkit run) stops the loop between two samples
+(a served model's open requests are aborted, evalkit.runner.concurrent): every finished
+sample is already in the cache, so `--resume` continues where it stopped and
 ends with the same results.json as an uninterrupted run.
 """
 from __future__ import annotations
@@ -26,9 +29,10 @@ from evalkit.probe import Probe, canonical_json
 from evalkit.render import Rendered, render
 from evalkit.result import SampleResult
 from evalkit.runner import aggregate, distributed, provenance, rundir
+from evalkit.runner import arrivals as loads
 from evalkit.runner import shard as shards
 from evalkit.runner.cache import CacheError, SampleCache
-from evalkit.runner.concurrent import execute_concurrent
+from evalkit.runner.concurrent import MAX_OPEN, execute_concurrent
 from evalkit.runner.execute import ModelRun, base_sample, execute, failed
 from evalkit.runner.plan import Request, build_plan
 from evalkit.runner.suite import ResolvedModel, ResolvedSuite, ResolvedTask, SuiteConfig, SuiteError
@@ -50,6 +54,7 @@ class RunOutcome:
     wall_s: float = 0.0
     prefill: dict = field(default_factory=dict)
     top_error: tuple[str, int] | None = None  # the most common sample error and its count
+    capped: int = 0                  # requests sent late for the cap on open requests
 
 
 def _generation_key(run: ModelRun) -> dict:
@@ -113,18 +118,19 @@ class _Session:
             self.on_model({**self.earlier_models, **self.models})
         gen = self.resolved.suite.generation
         arrivals = self.resolved.arrivals if m.served else None  # in-process: unloaded
-        run = ModelRun(adapter, m.name, mhash, kind, tuple(gen.stop), gen.max_new_tokens,
-                       arrivals.label if arrivals is not None else None)
+        load = (arrivals.label if arrivals is not None else loads.closed(adapter.concurrency)
+                ) if m.served else None
+        run = ModelRun(adapter, m.name, mhash, kind, tuple(gen.stop), gen.max_new_tokens, load)
         torch.manual_seed(self.resolved.suite.seed)
         for task in self.resolved.tasks:  # every grid problem surfaces before any evaluation
-            probes = self.probes_for(task, adapter.tokenizer)
-            if arrivals is not None:  # a trace too short for a pair's requests: refused now
-                try:
-                    arrivals.offsets(sum(len(p.questions) for p in probes), seed=0, key="")
-                except ValueError as e:
-                    raise SuiteError(f"task {task.name!r}: {e}") from None
-        for ti, task in enumerate(self.resolved.tasks):
-            self.run_pair(run, mi, ti, task)
+            self.probes_for(task, adapter.tokenizer)
+        if arrivals is not None:  # one schedule over every task: planned first, then sent
+            self.run_scheduled(run, arrivals, [self.plan_pair(run, mi, ti, task)
+                                               for ti, task in enumerate(self.resolved.tasks)])
+        else:
+            for ti, task in enumerate(self.resolved.tasks):
+                todo, _ = self.plan_pair(run, mi, ti, task)
+                self.run_items(run, todo, f"{run.name} | {task.name}", served=m.served)
         del run, adapter
         gc.collect()
 
@@ -168,7 +174,10 @@ class _Session:
         return self._probe_memo[key]
 
     # -- one model x task -------------------------------------------------------------------
-    def run_pair(self, run: ModelRun, mi: int, ti: int, task: ResolvedTask) -> None:
+    def plan_pair(self, run: ModelRun, mi: int, ti: int, task: ResolvedTask
+                  ) -> tuple[list[Request], list[Request]]:
+        """(the requests to answer here: this shard's and rank's, not cached; every request of
+        the pair's whole plan, what a load's schedule covers). Records flagged and cached ones."""
         adapter, dist = run.adapter, self.dist
         max_len = adapter.max_length
         probes = self.probes_for(task, adapter.tokenizer)
@@ -213,30 +222,55 @@ class _Session:
                     hit.model = run.name  # the same model may be named differently elsewhere
                     self.samples.append((item.order, hit.to_dict()))
                     self.cached += 1
+        return sorted(todo, key=lambda it: it.order), items
+
+    def run_scheduled(self, run: ModelRun, arrivals: Any,
+                      planned: list[tuple[list[Request], list[Request]]]) -> None:
+        """Send every task's planned requests at their due times in one schedule over the
+        model's whole plan (evalkit.runner.arrivals), whatever this invocation sends of it."""
+        key = lambda it: f"{it.probe.task}\0{it.probe.hash}\0{it.qi}"
+        whole = [key(it) for _, sent in planned for it in sent]
+        try:
+            due = arrivals.schedule(whole, seed=self.resolved.suite.seed)
+        except ValueError as e:
+            raise SuiteError(f"model {run.name!r}: {e}") from None
+        todo = sorted((it for left, _ in planned for it in left), key=lambda it: due[key(it)])
+        when = [due[key(it)] for it in todo]
+        if self.dist.is_main:
+            part = "" if self.shard.count == 1 else f" (shard {self.shard}: its part)"
+            first = f", the first due in {when[0]:.1f} s" if when and when[0] >= 1 else ""
+            print(f"evalkit run: {run.name} under {arrivals.label}: {len(whole)} requests, "
+                  f"expected to take {arrivals.expected_s(len(whole)):,.0f} s; {len(todo)} to "
+                  f"send here{part}{first}", file=sys.stderr)
+        self.run_items(run, todo, f"{run.name} | {arrivals.label}", served=True, due=when)
+
+    def run_items(self, run: ModelRun, todo: list[Request], desc: str, *, served: bool,
+                  due: list[float] | None = None) -> None:
+        """Answer `todo`, caching each sample as it ends. `due`: an open loop's due times;
+        else a served model keeps `concurrency` requests in flight (a closed loop) and an
+        in-process one runs the plan with its shared prefixes."""
         if not todo:
             return
-        todo.sort(key=lambda it: it.order)
         plan = build_plan(todo)
         self.tokens_run += plan.tokens_prefilled
-        order = {(it.probe.hash, it.qi): it.order for it in todo}
-        bar = _bar(len(todo), f"{run.name} | {task.name}", self.progress)
+        gen_key = _generation_key(run)
+        order = {(it.probe.task, it.probe.hash, it.qi): it.order for it in todo}
+        bar = _bar(len(todo), desc, self.progress)
 
         def emit(s: SampleResult) -> None:
             self.cache.put(self.cache.key(s.model_hash, s.probe_hash, s.question, gen_key), s)
-            self.samples.append((order[(s.probe_hash, s.question)], s.to_dict()))
+            self.samples.append((order[(s.task, s.probe_hash, s.question)], s.to_dict()))
             self.computed += 1
             if bar is not None:
                 bar.update(1)
                 if s.error is not None:
                     bar.write(f"evalkit run: sample {s.probe_id} q{s.question} failed: {s.error}")
 
-        arrivals = self.resolved.arrivals if run.arrivals is not None else None
         try:
-            if arrivals is not None:  # a load test: each request sent at its due time
-                due = arrivals.offsets(plan.n_items, seed=self.resolved.suite.seed, key=task.name)
-                execute_concurrent(run, plan, emit, adapter.concurrency, due)
-            elif getattr(adapter, "concurrency", 1) > 1:  # a served model: requests in flight
-                execute_concurrent(run, plan, emit, adapter.concurrency)
+            if due is not None:
+                execute_concurrent(run, todo, emit, MAX_OPEN, due)
+            elif served:
+                execute_concurrent(run, list(plan.items()), emit, run.adapter.concurrency)
             else:
                 execute(run, plan, emit, batch_size=self.resolved.suite.batch_size)
         finally:
@@ -277,12 +311,10 @@ def _short(v: Any) -> str:
 
 
 def _bar(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="q", file=sys.stderr, dynamic_ncols=True,
-                mininterval=0.5)
+                mininterval=0.5) if enabled else None
 
 
 def _task_info(resolved: ResolvedSuite) -> dict[str, dict]:
@@ -456,6 +488,7 @@ def _run(session: _Session, earlier: dict | None, done: bool, argv: list[str] | 
     outcome.samples, outcome.failed, outcome.flagged = summ["samples"], summ["failed"], summ["flagged"]
     errors = Counter(s.error for s in samples if s.error)
     outcome.top_error = errors.most_common(1)[0] if errors else None
+    outcome.capped = sum(1 for s in samples if s.queue_s)
     outcome.cached, outcome.computed = totals["cached"], totals["computed"]
     outcome.prefill = prefill
     outcome.wall_s = time.perf_counter() - t0

@@ -7,7 +7,10 @@
     shard is missing, given twice, or of another suite
 
 Units are sorted longest first (evalkit.runner.plan), so the shards are balanced, and a shared
-prefix never straddles two shards. Inside a shard, torchrun's ranks split it further.
+prefix never straddles two shards. Inside a shard, torchrun's ranks split it further. Under
+`--arrivals poisson:R`, the schedule covers the whole plan and each shard sends its own
+requests at their due times in it, so N shards started together offer R between them (about
+R/N each), not N copies of R.
 """
 from __future__ import annotations
 

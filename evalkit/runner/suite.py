@@ -292,9 +292,26 @@ def _is_served(spec: str) -> bool:
     return resolve_spec(spec)[0].kind == "served"
 
 
+def _holds_secret(text: str) -> bool:
+    """Whether a URL inside a model spec or name carries credentials (user:pass@) or a query
+    or fragment (?token=...): such a spec is refused by the runner before it is loaded,
+    printed or stored, and no message repeats it."""
+    for piece in str(text).split("|"):
+        if "://" not in piece:
+            continue
+        netloc = piece.split("://", 1)[1].split("/", 1)[0]
+        if "@" in netloc or "?" in piece or "#" in piece:
+            return True
+    return False
+
+
 def _check_model(spec: str, where: str, i: int, name: str) -> None:
     from evalkit.models import resolve_spec
 
+    if _holds_secret(spec) or _holds_secret(name):
+        raise SuiteError(f"{where}: key 'models.{i}': its URL holds credentials or a query string "
+                         f"(not repeated here: it may be a secret); give the API root alone, "
+                         f"served:http://HOST:PORT/v1, and the key through api_key_env=NAME")
     try:
         resolve_spec(spec)
     except (KeyError, FileNotFoundError, ValueError) as e:

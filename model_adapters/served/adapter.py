@@ -3,17 +3,26 @@
     prefill / extend / fork   token ids kept on the client (a tuple: fork is free); reuse of a
                               shared prefix is the server's prefix cache, so the runner sends
                               the questions of one context together
-    generate                  one streamed greedy completion of the token ids (temperature 0,
-                              the stop strings); `generate_timed` also returns TTFT and latency
+    generate                  one streamed greedy completion of the token ids (the stop
+                              strings); `generate_timed` also returns its client.Timing
     score                     the summed log-probabilities of each continuation, all of them in
                               one request: vLLM's `prompt_logprobs`, else OpenAI's echo+logprobs
-                              (which one is in the identity, as `score_method`)
+                              sliced as lm-eval does and checked against the ids sent (which
+                              one is in the identity, as `score_method`)
+    abort                     from any thread: every request in flight and every later one
+                              raises ServerError(cause="cancelled")
+
+Every request pins its sampling parameters to neutral greedy (NEUTRAL): a server fills any
+field left out from the model folder's generation_config.json (vLLM does, by default), and a
+repetition penalty or top-k there would make served greedy differ from in-process greedy.
 
 Prompts go as token ids, so the server sees exactly the tokens the probe fitted; a server that
 does not take token ids is an error, never a fall-back to text. The server's context limit
 (`max_model_len` of /v1/models) is `max_length`, so the runner flags longer probes before
-anything is sent. The identity holds the served model's name, the local folder's weights and
-tokenizer hashes, the engine's version and fingerprint, never a URL or a key.
+anything is sent. Every server of a list is probed (engine, version, model, context limit,
+scoring method) and servers that disagree are refused. The identity holds the served model's
+name, the local folder's weights and tokenizer hashes, the engine's version and fingerprint,
+never a URL or a key.
 """
 from __future__ import annotations
 
@@ -24,11 +33,19 @@ from typing import Any, Sequence
 
 from evalkit.adapter import cut_at_stop
 from evalkit.model_adapters.served.client import Client, ServerError, Timing
+from evalkit.model_adapters.served.urls import clean_url, public_url
 from evalkit.model_adapters.served.state import state_from_config
 from evalkit.models import register_model
 from evalkit.state_kind import StateBytes
 
 MAX_CONCURRENCY = 1024
+# The echo path asks for one generated token (the least every server accepts: some refuse 0)
+# and slices it off, as lm-eval does.
+ECHO = {"max_tokens": 1, "echo": True, "logprobs": 0}
+# Greedy with nothing else: top_k -1 is "off" on vLLM (0.32 also takes 0), SGLang and llama.cpp;
+# penalties at their identity values; a fixed seed for engines that sample anyway.
+NEUTRAL = {"temperature": 0, "top_p": 1, "top_k": -1, "min_p": 0, "repetition_penalty": 1,
+           "frequency_penalty": 0, "presence_penalty": 0, "seed": 0}
 _STATE_DTYPES = {"float32": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16",
                  "float16": "fp16", "fp16": "fp16", "half": "fp16"}
 
@@ -45,12 +62,13 @@ class ServedAdapter:
                  api_key_env: str | None = None, concurrency: int = 8,
                  timeout_s: float = 300.0, retries: int = 3, backoff_s: float = 0.5,
                  dtype: str = "fp32", name: str | None = None,
-                 max_length: int | None = None) -> None:
+                 max_length: int | None = None, trust_env: bool | None = None) -> None:
         from evalkit.model_adapters.dtypes import parse_dtype
         from evalkit.tokenization import load_tokenizer
 
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
-        urls = [u for part in urls for u in str(part).split("|") if u]
+        # a URL holding a secret is refused first, before anything could repeat or use it
+        urls = [clean_url(u) for part in urls for u in str(part).split("|") if u]
         if not tokenizer:
             raise ValueError("served: give tokenizer=DIR, the local folder of the served model's "
                              "tokenizer (prompts are sent as its token ids)")
@@ -59,7 +77,7 @@ class ServedAdapter:
                              f"requests in flight")
         self.concurrency = int(concurrency)
         self.client = Client(urls, api_key_env=api_key_env, timeout_s=timeout_s, retries=retries,
-                             backoff_s=backoff_s)
+                             backoff_s=backoff_s, trust_env=trust_env)
         tok_dir = Path(tokenizer).expanduser()
         if not tok_dir.is_dir():
             raise FileNotFoundError(f"served: tokenizer={tokenizer}: no such folder")
@@ -69,28 +87,47 @@ class ServedAdapter:
             raise FileNotFoundError(f"served: config={config}: no config.json there")
         self.dtype = parse_dtype(dtype)
         self._vocab = len(self.tokenizer)
-        self.served_model, self.max_length = self._find_model(model)
+        self._fingerprint = None
+        self._token_forms: dict[int, tuple[str, ...]] = {}
+        self.name = name or "served"  # until the served model's name is known
+        self.served_model, self.max_length, self.server, self.score_method = self._probe_all(model)
         if max_length is not None:  # a lower limit than the server's: flag longer probes
             if not 1 <= int(max_length) <= (self.max_length or int(max_length)):
                 raise ValueError(f"served: max_length={max_length}: expected 1..{self.max_length} "
                                  f"(the server's max_model_len)")
             self.max_length = int(max_length)
         self.trained_length = self._trained_length()
-        self.server = self._server_version()
-        self._fingerprint = None
-        self.score_method = self._probe_scoring()
-        self.name = name or f"served:{self.served_model}"
+        self.name = name or f"served:{self.served_model}"  # the model's name, never a URL
         probe = state_from_config(self.config_dir, 1, self.dtype)
         self.state_kind = "unknown" if probe is None else state_from_config(
             self.config_dir, 8192, self.dtype).kind
 
     # -- discovery --------------------------------------------------------------------------
-    def _find_model(self, model: str | None) -> tuple[str, int | None]:
-        listing = self.client.get_json("/models")
+    def _probe_all(self, model: str | None) -> tuple[str, int | None, dict, str]:
+        """Probe every server; (model, max_model_len, engine, score method) where all agree. A
+        list of servers that disagree would mix two engines' numbers under one name."""
+        found = [self._probe(0, model)]
+        urls = self.client.base_urls
+        for i in range(1, len(urls)):
+            found.append(self._probe(i, found[0]["model"]))
+            for field in ("engine", "version", "max_model_len", "score_method"):
+                a, b = found[0].get(field), found[i].get(field)
+                if a != b:
+                    raise ValueError(f"served: the servers disagree on {field}: {urls[0]} has "
+                                     f"{a!r}, {urls[i]} has {b!r}; one model name must mean one "
+                                     f"engine and one configuration")
+        first = found[0]
+        return (first["model"], first["max_model_len"],
+                {k: first[k] for k in ("engine", "version") if first.get(k)},
+                first["score_method"])
+
+    def _probe(self, index: int, model: str | None) -> dict:
+        url = self.client.base_urls[index]
+        listing = self.client.get_json("/models", index=index)
         try:
             entries = {m["id"]: m for m in listing["data"]}
         except (KeyError, TypeError):
-            raise ServerError(f"{self.client.base_urls[0]}/models: expected an OpenAI model list "
+            raise ServerError(f"{url}/models: expected an OpenAI model list "
                               f"({{data: [{{id: ...}}]}}), got {str(listing)[:200]}") from None
         if model is None:
             if len(entries) != 1:
@@ -98,15 +135,16 @@ class ServedAdapter:
                                  f"({', '.join(entries)}); choose one with model=NAME")
             model = next(iter(entries))
         if model not in entries:
-            raise ValueError(f"served: model={model!r} is not served at "
-                             f"{self.client.base_urls[0]} (it serves: {', '.join(entries)})")
-        for i in range(1, len(self.client.base_urls)):  # every server must serve the same model
-            others = [m.get("id") for m in self.client.get_json("/models", index=i).get("data", [])]
-            if model not in others:
-                raise ValueError(f"served: {self.client.base_urls[i]} does not serve {model!r} "
-                                 f"(it serves: {', '.join(map(str, others))})")
+            listed = ", ".join(map(str, entries))
+            raise ValueError(f"served: model={model!r} is not served at {url} (it serves: "
+                             f"{listed})" + ("; every server of a list must serve the same "
+                                             "model" if index else ""))
         limit = entries[model].get("max_model_len")
-        return model, int(limit) if limit else None
+        version = self.client.get_optional("/version", index=index)
+        engine = ({"engine": "vllm", "version": str(version["version"])}
+                  if isinstance(version, dict) and "version" in version else {})
+        return {"model": model, "max_model_len": int(limit) if limit else None, **engine,
+                "score_method": self._probe_scoring(index, model)}
 
     def _trained_length(self) -> int | None:
         import json
@@ -120,41 +158,27 @@ class ServedAdapter:
                 return data[key]
         return None
 
-    def _server_version(self) -> dict:
-        """The engine and its version (vLLM's /version); {} where a server has none."""
-        root = self.client.base_urls[0].rsplit("/v1", 1)[0]
-        try:
-            import requests
-
-            # with the key: a server that guards every route (not vLLM's default) still answers
-            r = requests.get(root + "/version", headers=self.client.headers, timeout=10)
-            if r.status_code == 200 and isinstance(r.json(), dict) and "version" in r.json():
-                return {"engine": "vllm", "version": str(r.json()["version"])}
-        except (requests.RequestException, ValueError):
-            pass
-        return {}
-
-    def _probe_scoring(self) -> str:
+    def _probe_scoring(self, index: int, model: str) -> str:
         """prompt_logprobs where the server offers them (vLLM, SGLang), else echo+logprobs; a
         server that takes neither, or no token-id prompts, is refused here, before any probe."""
         ids = self._canary_ids()
+        post = lambda **kw: self.client.post_json(
+            "/completions", {**self._body([ids], **kw), "model": model}, index=index)
         try:
-            out = self.client.post_json("/completions", self._body(
-                [ids], max_tokens=1, prompt_logprobs=0))
+            out = post(max_tokens=1, prompt_logprobs=0)
             self._fingerprint = out.get("system_fingerprint")
             if out["choices"][0].get("prompt_logprobs"):
                 return "prompt_logprobs"
         except ServerError as e:
             if e.status != 400:  # 400: the server does not know prompt_logprobs
                 raise
-        out = self.client.post_json("/completions", self._body([ids], max_tokens=0, echo=True,
-                                                               logprobs=0))
+        out = post(**ECHO)
         self._fingerprint = out.get("system_fingerprint")
-        lp = (out["choices"][0].get("logprobs") or {}).get("token_logprobs")
-        if not lp or len(lp) < len(ids):
-            raise ServerError(f"served: {self.client.base_urls[0]} returns neither prompt_logprobs "
-                              f"nor echoed token log-probabilities for a token-id prompt; evalkit "
-                              f"needs one of them to score")
+        if not (out["choices"][0].get("logprobs") or {}).get("token_logprobs"):
+            raise ServerError(f"served: {self.client.base_urls[index]} returns neither "
+                              f"prompt_logprobs nor echoed token log-probabilities for a "
+                              f"token-id prompt; evalkit needs one of them to score")
+        self._echoed(out["choices"][0], ids, 1)  # what the scores will rely on, checked once
         return "echo"
 
     def _canary_ids(self) -> list[int]:
@@ -184,8 +208,13 @@ class ServedAdapter:
         return state  # immutable
 
     def _body(self, prompt: list, **kw: Any) -> dict:
-        return {"model": self.served_model, "prompt": prompt if len(prompt) > 1 else prompt[0],
-                "temperature": 0, **kw}
+        return {"model": getattr(self, "served_model", None),
+                "prompt": prompt if len(prompt) > 1 else prompt[0], **NEUTRAL, **kw}
+
+    def abort(self) -> None:
+        """From any thread (the runner's Ctrl-C / SIGTERM): every request in flight and every
+        later one raises ServerError(cause="cancelled") within about a second."""
+        self.client.abort()
 
     def _room(self, state: ServedState, extra: int, what: str) -> None:
         if self.max_length is not None and len(state.ids) + extra > self.max_length:
@@ -219,8 +248,7 @@ class ServedAdapter:
             out = self.client.post_json("/completions", self._body(prompts, max_tokens=1,
                                                                    prompt_logprobs=0))
         else:
-            out = self.client.post_json("/completions", self._body(prompts, max_tokens=0,
-                                                                   echo=True, logprobs=0))
+            out = self.client.post_json("/completions", self._body(prompts, **ECHO))
         choices = sorted(out["choices"], key=lambda ch: ch.get("index", 0))
         if len(choices) != len(prompts):
             raise ServerError(f"{self.name}: {len(prompts)} prompts scored, {len(choices)} "
@@ -235,16 +263,57 @@ class ServedAdapter:
                                   f"a {len(prompt)}-token prompt")
             vals = [_logprob_of(rows[i], prompt[i]) for i in range(len(prompt) - n, len(prompt))]
         else:
-            lp = (choice.get("logprobs") or {}).get("token_logprobs") or []
-            vals = lp[-n:] if len(lp) >= len(prompt) else []
-            if len(vals) != n or any(v is None for v in vals):
-                raise ServerError(f"{self.name}: the echoed log-probabilities do not cover the "
-                                  f"continuation ({len(lp)} for a {len(prompt)}-token prompt)")
+            vals = self._echoed(choice, prompt, n)
         total = math.fsum(float(v) for v in vals)
         if not math.isfinite(total):
             raise FloatingPointError(f"{self.name}: the server returned non-finite "
                                      f"log-probabilities {vals}")
         return total
+
+    def _echoed(self, choice: dict, prompt: list[int], n: int) -> list:
+        """The last `n` prompt tokens' echoed log-probabilities, as lm-eval slices them: the
+        ones after the context, never what the server generated after the prompt. The echo
+        must be the prompt itself plus at most the one token asked for."""
+        logprobs = choice.get("logprobs") or {}
+        lp, tokens = logprobs.get("token_logprobs") or [], logprobs.get("tokens")
+        if len(lp) > len(prompt) + 1:
+            raise ServerError(f"{self.name}: {len(lp)} echoed log-probabilities for a "
+                              f"{len(prompt)}-token prompt and max_tokens=1: longer than the "
+                              f"prompt and one generated token, so which are the prompt's is a "
+                              f"guess; evalkit does not score it")
+        if len(lp) < len(prompt):
+            raise ServerError(f"{self.name}: {len(lp)} echoed log-probabilities for a "
+                              f"{len(prompt)}-token prompt: the echo does not cover it")
+        if not isinstance(tokens, list) or len(tokens) != len(lp):
+            raise ServerError(f"{self.name}: the echo has {len(lp)} log-probabilities but no "
+                              f"matching list of tokens to check them against the ids sent")
+        bad = next((k for k, (t, i) in enumerate(zip(tokens, prompt))
+                    if t not in self._forms(i)), None)
+        if bad is not None and not self._same_text(tokens[:len(prompt)], prompt):
+            raise ServerError(f"{self.name}: echoed token {bad} is {tokens[bad]!r}, not the id "
+                              f"{prompt[bad]} sent ({self._forms(prompt[bad])[1]!r}): the server "
+                              f"scored other tokens than the ones evalkit sent")
+        vals = lp[len(prompt) - n:len(prompt)]
+        if any(v is None for v in vals):
+            raise ServerError(f"{self.name}: the echo has no log-probability for a "
+                              f"continuation token ({vals})")
+        return vals
+
+    def _forms(self, token: int) -> tuple[str, ...]:
+        """How a server may echo a token: vLLM's "token_id:N", its text, its vocabulary entry
+        (kept per adapter: long prompts repeat the same ids)."""
+        forms = self._token_forms.get(token)
+        if forms is None:
+            piece = self.tokenizer.convert_ids_to_tokens(token)
+            forms = self._token_forms[token] = (f"token_id:{token}",
+                                                self.tokenizer.decode([token]), piece,
+                                                str(piece).replace("\u2581", " "))
+        return forms
+
+    def _same_text(self, tokens: list, prompt: list[int]) -> bool:
+        """Echoed pieces a server renders its own way still have to spell the prompt's text."""
+        text = "".join(t for t in tokens if isinstance(t, str)).replace("\u2581", " ")
+        return text == self.tokenizer.decode(prompt) and len(tokens) == len(prompt)
 
     def state_parts(self, state: ServedState) -> StateBytes | None:
         return state_from_config(self.config_dir, len(state.ids), self.dtype)
@@ -278,6 +347,16 @@ def _logprob_of(row: Any, token: int) -> float:
     return float(entry["logprob"] if isinstance(entry, dict) else entry)
 
 
+def public_spec(spec: str) -> str:
+    """A `served:URL[|URL...]` spec as it may be printed, stored or used as a model name: each
+    URL cut to scheme://host[:port]/path (no credentials, query or fragment); other specs as
+    they are."""
+    head, sep, rest = str(spec).partition(":")
+    if head != "served" or not sep:
+        return str(spec)
+    return "served:" + "|".join(public_url(u) for u in rest.split("|") if u)
+
+
 @register_model("served", kind="served", state_kind="measured",
                 description="a model behind an OpenAI-compatible server (vLLM, SGLang, "
                             "llama.cpp): served:http://HOST:PORT/v1 with model=, tokenizer=DIR")
@@ -286,7 +365,7 @@ def load_served(path: str | None, *, base_url: str | list[str] | None = None,
                 config: str | None = None, api_key_env: str | None = None,
                 concurrency: int = 8, timeout_s: float = 300.0, retries: int = 3,
                 backoff_s: float = 0.5, dtype: str = "fp32", name: str | None = None,
-                max_length: int | None = None) -> ServedAdapter:
+                max_length: int | None = None, trust_env: bool | None = None) -> ServedAdapter:
     """`served:URL` (several: URL|URL) or `served` with base_url= (a URL or a list)."""
     if path and base_url:
         raise ValueError("served: give the URL once, as served:URL or as base_url=")
@@ -295,4 +374,4 @@ def load_served(path: str | None, *, base_url: str | list[str] | None = None,
     return ServedAdapter(path or base_url, model=model, tokenizer=tokenizer, config=config,
                          api_key_env=api_key_env, concurrency=concurrency, timeout_s=timeout_s,
                          retries=retries, backoff_s=backoff_s, dtype=dtype, name=name,
-                         max_length=max_length)
+                         max_length=max_length, trust_env=trust_env)

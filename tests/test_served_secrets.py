@@ -1,0 +1,34 @@
+"""Issue 41, item 5: a served model's URL with credentials or a query string is refused by
+`evalkit run` before anything is loaded, printed or written, and no output repeats it."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from helpers import TINY_TOKENIZER
+
+SECRET = "s3cretTOKEN42"
+
+
+@pytest.mark.parametrize("url", [f"http://user:{SECRET}@127.0.0.1:9/v1",
+                                 f"http://127.0.0.1:9/v1?token={SECRET}",
+                                 f"http://127.0.0.1:9/v1#{SECRET}"])
+@pytest.mark.parametrize("where", ["command line", "suite"])
+def test_a_secret_in_a_served_url_is_refused_and_never_repeated(tmp_path, url, where):
+    out = tmp_path / "run"
+    if where == "suite":   # a bare-string model entry: the spec would also be its name
+        suite = tmp_path / "suite.yaml"
+        suite.write_text(f"name: s\nmodels:\n  - served:{url}\ntasks: [needle]\n")
+        args = ["--config", str(suite)]
+    else:
+        args = ["--models", f"served:{url}", "--model-args", f"tokenizer={TINY_TOKENIZER}",
+                "--tasks", "needle", "--lengths", "256"]
+    p = subprocess.run([sys.executable, "-m", "evalkit", "run", *args, "--output", str(out)],
+                       capture_output=True, text=True, timeout=120,
+                       env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert p.returncode != 0
+    assert "credentials or a query string" in p.stderr
+    assert SECRET not in p.stdout + p.stderr
+    assert not out.exists()
