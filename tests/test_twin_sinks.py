@@ -278,3 +278,28 @@ def test_state_off_is_the_sink_window_reference_and_its_own_row(smol, tmp_path):
     assert off.identity()["sinks"] == window.identity()["sinks"] == 4
     with pytest.raises(ValueError, match="state_off=true needs window_linear"):
         GLAAdapter(str(tmp_path / "ref"), state_off=True)
+
+
+def test_a_fact_inside_the_sinks_is_an_error_naming_the_model_and_s(tmp_path):
+    """A model that keeps its first S tokens exact would recall a fact placed there without
+    its state: such a sample is an error naming the model and S; deeper facts run."""
+    import json
+
+    from helpers import TINY_TOKENIZER, save_peaked_gla
+
+    from evalkit.cli import main as cli_main
+    from evalkit.tokenization import load_tokenizer
+    V = len(load_tokenizer(TINY_TOKENIZER))
+    cfg = GLAConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_heads=4,
+                    intermediate_size=64, attn={"layers": [0, 1], "num_heads": 4,
+                                                "window_size": 16, "sinks": 8})
+    save_peaked_gla(cfg, tmp_path / "ckpt", 1.0)
+    out = tmp_path / "run"
+    code = cli_main(["run", "--models", f"gla:{tmp_path / 'ckpt'}", "--model-args",
+                     f"tokenizer={TINY_TOKENIZER}", "--tasks", "needle",
+                     "--lengths", "128", "--depths", "0.0,0.5", "--output", str(out)])
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    inside = [s for s in samples if s["depth"] == 0.0]
+    name = f"gla:{tmp_path / 'ckpt'}"
+    assert code == 1 and inside and all(f"{name}'s 8 attention sinks" in s["error"] for s in inside)
+    assert all(s["error"] is None for s in samples if s["depth"] == 0.5)

@@ -180,6 +180,7 @@ class _Session:
         the pair's whole plan, what a load's schedule covers). Records flagged and cached ones."""
         adapter, dist = run.adapter, self.dist
         max_len = adapter.max_length
+        sinks = int(self.models[run.name].get("sinks") or 0)  # tokens kept exact at the start
         probes = self.probes_for(task, adapter.tokenizer)
         direct: list[tuple[tuple, SampleResult]] = []  # settled without running the model
         items: list[Request] = []
@@ -198,6 +199,12 @@ class _Session:
                 if max_len is not None and item.prompt_tokens > max_len:
                     s = base_sample(run, item)
                     s.flag = "over_length"  # never cut: a cut prompt measures something else
+                    direct.append((item.order, s))
+                elif probe.questions[qi].fact_token < sinks:  # recalled from the sinks, not the state
+                    s = base_sample(run, item)
+                    s.error = (f"the asked fact starts at token {probe.questions[qi].fact_token}, "
+                               f"inside {run.name}'s {sinks} attention sinks (its first {sinks} "
+                               f"tokens are kept exact): choose a larger depth")
                     direct.append((item.order, s))
                 else:
                     items.append(item)
