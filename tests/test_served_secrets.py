@@ -32,3 +32,23 @@ def test_a_secret_in_a_served_url_is_refused_and_never_repeated(tmp_path, url, w
     assert "credentials or a query string" in p.stderr
     assert SECRET not in p.stdout + p.stderr
     assert not out.exists()
+
+
+def test_an_option_that_is_one_variable_reads_as_yaml(tmp_path, monkeypatch):
+    """`concurrency: ${C}` with C=4 is the number 4 (the served board passes it so); a string
+    option and a spec stay strings; an unset variable is an error naming the key."""
+    from evalkit.runner.suite import SuiteError, load_suite, resolve
+    suite = tmp_path / "s.yaml"
+    suite.write_text("name: s\nmodels:\n  - {name: m, spec: oracle, options: {}}\n"
+                     "  - {name: g, spec: 'gla:${CKPT}', options: {chunk_size: '${C}'}}\n"
+                     "tasks: [needle]\n")
+    from evalkit.runner import suite as suite_mod
+    monkeypatch.setenv("C", "64")
+    monkeypatch.setenv("CKPT", "123")
+    assert suite_mod._expand("${C}", "s", "models.1.options.chunk_size") == 64
+    assert suite_mod._expand("${CKPT}", "s", "models.1.options.path") == 123
+    assert suite_mod._expand("x${C}", "s", "models.1.options.name") == "x64"
+    assert suite_mod._expand("${CKPT}", "s", "models.1.spec") == "123"
+    monkeypatch.delenv("C")
+    with pytest.raises(SuiteError, match="C is not set"):
+        resolve(load_suite(suite), str(suite))

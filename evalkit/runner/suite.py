@@ -32,7 +32,8 @@ apply to every cell. Seeds are those of the same (length, depth, load, index) in
 Grid precedence: command-line flags, then the task entry's overrides, then the suite's
 defaults, then the task spec's own defaults. `${VAR}` in a model spec or a string option is
 replaced by the environment variable (an unset one is an error), so a shared config can name
-checkpoints without editing it.
+checkpoints without editing it; an option that is one `${VAR}` alone takes a number or boolean
+as YAML reads it (`concurrency: ${C}`).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
@@ -264,7 +266,16 @@ def _expand(value: Any, where: str, key: str) -> Any:
             raise SuiteError(f"{where}: key {key!r}: environment variable {var} is not set "
                              f"(export it, or write the path into the config)")
         return os.environ[var]
-    return _VAR.sub(sub, value)
+    out = _VAR.sub(sub, value)
+    if key.startswith("models.") and ".options." in key and _VAR.fullmatch(value):
+        # an option that is one variable takes its value as YAML reads it: `concurrency:
+        # ${C}` with C=4 is the number 4, as `concurrency: 4` written out would be
+        try:
+            read = yaml.safe_load(out)
+        except yaml.YAMLError:
+            return out
+        return read if isinstance(read, (int, float, bool)) else out
+    return out
 
 
 def import_plugins(plugins: Sequence[str], where: str) -> None:
