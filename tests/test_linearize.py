@@ -80,13 +80,17 @@ def recipe_dict(roots, **over) -> dict:
     return d
 
 
+def build(tmp_path_factory, parent_dir, recipe: dict):
+    """The family of `recipe` built in a fresh folder: (folder, Recipe, status, log lines)."""
+    out = tmp_path_factory.mktemp("twins")
+    r = Recipe.model_validate(recipe)
+    lines: list[str] = []
+    return out, r, linearize_family(r, f"hf:{parent_dir}", out, log=lines.append), lines
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, parent_dir, corpus_roots):
-    out = tmp_path_factory.mktemp("twins")
-    recipe = Recipe.model_validate(recipe_dict(corpus_roots))
-    lines: list[str] = []
-    status = linearize_family(recipe, f"hf:{parent_dir}", out, log=lines.append)
-    return out, recipe, status, lines
+    return build(tmp_path_factory, parent_dir, recipe_dict(corpus_roots))
 
 
 def test_family_folders(built):

@@ -1,8 +1,9 @@
 """`evalkit linearize PARENT --recipe configs/linearize.yaml --out DIR [--only NAME ...]`: build
 a recipe's linearized twins of a Llama-family parent (attention transfer, every parent weight
-frozen), resumably: a member already built by the same recipe from the same parent is skipped,
-and a killed final run resumes at its last save. PARENT: smollm2-135m, hf:PATH or a Llama
-folder. See evalkit/training/linearize_family.py.
+frozen, then, when the recipe has `end_to_end`, KL to the parent with LoRA on q/k/v/o),
+resumably: a member already built by the same recipe from the same parent is skipped, and a
+killed run resumes at its last save. PARENT: smollm2-135m, hf:PATH or a Llama folder. See
+evalkit/training/linearize_family.py and linearize_e2e.py.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from evalkit.yamlfile import read_typed
 
 def add_parser(sub) -> None:
     p = sub.add_parser("linearize", help="build linearized twins of a parent (attention "
-                                         "transfer, resumable, CPU)")
+                                         "transfer, then end to end; resumable, CPU)")
     p.add_argument("parent", metavar="PARENT", help="smollm2-135m, hf:PATH or a Llama folder")
     p.add_argument("--recipe", default="configs/linearize.yaml")
     p.add_argument("--out", default="model_adapters/twins",

@@ -10,10 +10,11 @@ parent forward pass gives every layer's input x_i and softmax output y_i, and la
 
 reported also as relative error mse_i / mean(y_i^2). A recipe (configs/linearize.yaml) names
 the corpus, the schedule, a small learning-rate sweep scored on held-out documents, and the
-family: trained twins (a window), derived twins (a trained twin with its worst layers, by
-held-out relative error, restored to full attention: the other layers' tensors are the same
-because training is per layer), and window-only references (the parent with a sliding window,
-nothing trained).
+family: trained twins (a window, sinks, a state), derived twins (a trained twin with its worst
+layers, by held-out relative error, restored to full attention: after attention transfer alone
+the other layers' tensors are the same because training is per layer), and window-only
+references (the parent with a sliding window, nothing trained). A recipe's `end_to_end`
+settings add LoLCATs' stage 2 after this one (linearize_e2e.py).
 
     recipe = read_typed("configs/linearize.yaml", Recipe, "linearize recipe")
     run = train_transfer(recipe, parent, twin, layers, stream, heldout, lr, steps)
@@ -41,13 +42,19 @@ MAX_STEPS = 100_000
 
 class Member(BaseModel):
     """One model of the family. Exactly one kind:
-    - trained: `window` (every layer but `keep_attention` linearized, then trained);
+    - trained: `window` (every layer but `keep_attention` linearized, then trained; `state`
+      picks the recurrent state of older tokens, and the recipe's end-to-end stage follows
+      attention transfer unless `end_to_end: false`);
     - derived: `from_twin` + `keep_worst` (that trained twin, its keep_worst layers of highest
       held-out relative error restored to full attention, nothing trained);
-    - window-only: `window` + `window_only: true` (the parent with a sliding window)."""
+    - window-only: `window` + `window_only: true` (the parent with a sliding window).
+    `sinks`: the first S tokens stay exact softmax keys beside the window (StreamingLLM)."""
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
     window: int | None = Field(default=None, ge=1, le=8192)
+    sinks: int = Field(default=0, ge=0, le=64)
+    state: Literal["gla", "gated_delta"] = "gla"
+    end_to_end: bool = True
     keep_attention: tuple[int, ...] = Field(default=(), max_length=256)
     window_only: bool = False
     from_twin: str | None = None
@@ -58,16 +65,17 @@ class Member(BaseModel):
     def _kind(self) -> "Member":
         if self.from_twin is not None:
             if self.keep_worst is None or self.window is not None or self.window_only \
-                    or self.keep_attention:
+                    or self.keep_attention or self.sinks or self.state != "gla":
                 raise ValueError(f"{self.name}: a derived twin (from_twin) sets keep_worst and "
-                                 f"nothing else (its window is its source's)")
+                                 f"nothing else (its window, sinks and state are its source's)")
         elif self.window is None:
             raise ValueError(f"{self.name}: set window (a trained twin or, with window_only, a "
                              f"sliding-window reference) or from_twin + keep_worst")
         elif self.keep_worst is not None:
             raise ValueError(f"{self.name}: keep_worst needs from_twin")
-        elif self.window_only and self.keep_attention:
-            raise ValueError(f"{self.name}: a window-only reference keeps no attention layer")
+        elif self.window_only and (self.keep_attention or self.state != "gla"):
+            raise ValueError(f"{self.name}: a window-only reference keeps no attention layer "
+                             f"and has no state (set window and sinks only)")
         return self
 
     @property
@@ -84,15 +92,45 @@ class Evaluation(BaseModel):
     perplexity_documents: int = Field(default=8, ge=1, le=256)
 
 
-class Recipe(BaseModel):
+class Rates(BaseModel):
+    """A stage's learning rate: one `lr`, or a small `sweep` scored on held-out documents."""
     model_config = ConfigDict(extra="forbid", frozen=True)
+    sweep: Sweep | None = None
+    lr: float | None = Field(default=None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> "Rates":
+        if (self.sweep is None) == (self.lr is None):
+            raise ValueError("give either lr or a sweep (lrs, steps), not both")
+        return self
+
+    @property
+    def lrs(self) -> tuple[float, ...]:
+        return self.sweep.lrs if self.sweep else (self.lr,)
+
+
+class EndToEnd(Rates):
+    """LoLCATs' stage 2 (arXiv 2410.10254; Liger, RADLADS): after attention transfer, the whole
+    twin trained to the parent's next-token distribution (KL), LoRA on the linearized layers'
+    q/k/v/o beside the twin's own parameters, on sequences well past the window."""
+    seq_len: int = Field(default=2048, ge=16, le=8192)
+    batch: int = Field(default=1, ge=1, le=64)
+    steps: int = Field(ge=1, le=MAX_STEPS)
+    minutes: float = Field(gt=0, le=600)                        # cap of the final run
+    warmup: int = Field(default=0, ge=0, le=MAX_STEPS)
+    lora_rank: int = Field(default=8, ge=1, le=64)
+    lora_alpha: float = Field(default=16.0, gt=0, le=1024)     # the update is alpha/rank B A
+    heldout_sequences: int = Field(default=4, ge=1, le=64)     # held-out KL, at seq_len
+    every: int = Field(default=25, ge=1, le=MAX_STEPS)          # held-out KL every N steps
+    save_every_minutes: float = Field(default=5.0, gt=0, le=600)
+
+
+class Recipe(Rates):
     corpus: CorpusConfig
     seq_len: int = Field(ge=16, le=8192)
     batch: int = Field(ge=1, le=64)
     steps: int = Field(ge=1, le=MAX_STEPS)
     minutes: float = Field(gt=0, le=600)                        # cap of each final run
-    sweep: Sweep | None = None
-    lr: float | None = Field(default=None, gt=0, le=1)          # without a sweep
     warmup: int = Field(default=0, ge=0, le=MAX_STEPS)
     weight_decay: float = Field(default=0.0, ge=0, le=1)
     feature_map: Literal["hedgehog", "softmax"] = "hedgehog"
@@ -103,12 +141,11 @@ class Recipe(BaseModel):
     threads: int = Field(default=2, ge=1, le=256)
     save_every_minutes: float = Field(default=10.0, gt=0, le=600)
     eval: Evaluation = Evaluation()
+    end_to_end: EndToEnd | None = None                          # stage 2 of trained twins
     twins: tuple[Member, ...] = Field(min_length=1, max_length=16)
 
     @model_validator(mode="after")
     def _check(self) -> "Recipe":
-        if (self.sweep is None) == (self.lr is None):
-            raise ValueError("give either lr or a sweep (lrs, steps), not both")
         if dup := repeated([m.name for m in self.twins]):
             raise ValueError(f"twin names repeated: {dup}")
         for i, m in enumerate(self.twins):
@@ -117,7 +154,14 @@ class Recipe(BaseModel):
                 if src is None or src.kind != "trained":
                     raise ValueError(f"{m.name}: from_twin {m.from_twin!r} must name a trained "
                                      f"twin listed before it")
+            if self.has_end_to_end(m) and self.end_to_end.seq_len <= m.window + m.sinks:
+                raise ValueError(f"{m.name}: end_to_end.seq_len {self.end_to_end.seq_len} must "
+                                 f"be past its window + sinks ({m.window + m.sinks}): the stage "
+                                 f"trains what the state adds")
         return self
+
+    def has_end_to_end(self, m: Member) -> bool:
+        return self.end_to_end is not None and m.kind == "trained" and m.end_to_end
 
     def member(self, name: str) -> Member:
         for m in self.twins:
@@ -128,7 +172,9 @@ class Recipe(BaseModel):
     def member_hash(self, m: Member) -> str:
         """What a twin folder is current for: every setting that changes its tensors (not the
         thread count or the save interval), and a derived twin's source's."""
-        shared = self.model_dump(mode="json", exclude={"twins", "threads", "save_every_minutes"})
+        shared = self.model_dump(mode="json", exclude={
+            "twins": True, "threads": True, "save_every_minutes": True,
+            "end_to_end": {"save_every_minutes": True}})
         body = {"recipe": shared, "member": m.model_dump(mode="json")}
         if m.from_twin:
             body["from"] = self.member_hash(self.member(m.from_twin))
@@ -214,6 +260,16 @@ class Progress:
         return dict(self.__dict__)
 
 
+def write_tensors(path, tensors: dict[str, torch.Tensor]) -> None:
+    """A safetensors file written atomically: a run killed while saving keeps the last save."""
+    from safetensors.torch import save
+
+    from evalkit import atomic
+
+    with atomic.atomic_open(path, "wb") as f:
+        f.write(save({k: v.contiguous() for k, v in tensors.items()}))
+
+
 def trainable(twin: torch.nn.Module, names: list[str]) -> list[torch.nn.Parameter]:
     """Freeze every parameter but `names`; returns those, in order."""
     params = dict(twin.named_parameters())
@@ -245,6 +301,48 @@ def load_optimizer_state(opt: torch.optim.Optimizer, names: list[str],
                             "exp_avg_sq": tensors[f"adam.exp_avg_sq.{n}"].clone()}
 
 
+def run_schedule(progress: Progress, opt: torch.optim.Optimizer, *, warmup: int, every: int,
+                 save_every_minutes: float, minutes: float | None,
+                 step: Callable[[int], tuple[float, int]], evaluate: Callable[[], None],
+                 snapshot: Callable[[], dict[str, torch.Tensor]],
+                 save: Callable[[Progress, dict[str, torch.Tensor]], None] | None,
+                 what: str) -> Progress:
+    """The loop both stages share: from progress.step to progress.planned_steps or the time cap
+    (counted over resumes: progress.seconds), warm-up then cosine; `step(i)` computes step i's
+    gradients and returns (loss, tokens); `evaluate()` appends a held-out point every `every`
+    steps and at the end; `save(progress, snapshot())` every save_every_minutes and at the end."""
+    cap = 60.0 * minutes if minutes is not None else math.inf
+    start, last_save = time.time() - progress.seconds, time.time()
+    while progress.step < progress.planned_steps:
+        if time.time() - start >= cap:
+            progress.stop = f"time cap ({minutes:g} min)"
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(progress.step, progress.lr, warmup, progress.planned_steps)
+        loss, tokens = step(progress.step)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"step {progress.step}: the {what} is {loss} "
+                                     f"(lr {progress.lr:g}); lower the learning rate")
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        progress.step += 1
+        progress.tokens += tokens
+        progress.loss.append(loss)
+        progress.seconds = time.time() - start
+        if progress.step % every == 0 and progress.step < progress.planned_steps:
+            evaluate()
+        if save and time.time() - last_save >= 60.0 * save_every_minutes:
+            save(progress, snapshot())
+            last_save = time.time()
+    progress.stop = progress.stop or "planned steps"
+    if not progress.heldout or progress.heldout[-1]["step"] != progress.step:
+        evaluate()
+    progress.seconds = time.time() - start
+    if save:
+        save(progress, snapshot())
+    return progress
+
+
 def train_transfer(recipe: Recipe, parent, twin, names: list[str], layers: list[int], stream,
                    heldout: torch.Tensor, progress: Progress, *, minutes: float | None = None,
                    resume: dict[str, torch.Tensor] | None = None,
@@ -258,8 +356,6 @@ def train_transfer(recipe: Recipe, parent, twin, names: list[str], layers: list[
                             weight_decay=recipe.weight_decay)
     if resume:
         load_optimizer_state(opt, names, resume)
-    cap = 60.0 * minutes if minutes is not None else math.inf
-    start, last_save = time.time() - progress.seconds, time.time()
 
     def snapshot() -> dict[str, torch.Tensor]:
         p = dict(twin.named_parameters())
@@ -271,36 +367,14 @@ def train_transfer(recipe: Recipe, parent, twin, names: list[str], layers: list[
                                  "layers": {str(i): [a, b] for i, (a, b) in per.items()}})
         log(f"  step {progress.step}: held-out relative error {mean_relative(per):.4f}")
 
-    while progress.step < progress.planned_steps:
-        if time.time() - start >= cap:
-            progress.stop = f"time cap ({minutes:g} min)"
-            break
-        for g in opt.param_groups:
-            g["lr"] = lr_at(progress.step, progress.lr, recipe.warmup, progress.planned_steps)
-        ids = stream.batch(progress.step, recipe.batch, recipe.seed)
+    def step(i: int) -> tuple[float, int]:
+        ids = stream.batch(i, recipe.batch, recipe.seed)
         per = transfer_losses(twin, layer_io(parent, ids, layers), backward=True)
-        loss = mean_relative(per)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"step {progress.step}: the transfer loss is {loss} "
-                                     f"(lr {progress.lr:g}); lower the learning rate")
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        progress.step += 1
-        progress.tokens += ids.numel()
-        progress.loss.append(loss)
-        progress.seconds = time.time() - start
-        if progress.step % recipe.eval.every == 0 and progress.step < progress.planned_steps:
-            evaluate()
-        if save and time.time() - last_save >= 60.0 * recipe.save_every_minutes:
-            save(progress, snapshot())
-            last_save = time.time()
-    progress.stop = progress.stop or "planned steps"
-    if not progress.heldout or progress.heldout[-1]["step"] != progress.step:
-        evaluate()
-    progress.seconds = time.time() - start
-    if save:
-        save(progress, snapshot())
-    return progress
+        return mean_relative(per), ids.numel()
+
+    return run_schedule(progress, opt, warmup=recipe.warmup, every=recipe.eval.every,
+                        save_every_minutes=recipe.save_every_minutes, minutes=minutes, step=step,
+                        evaluate=evaluate, snapshot=snapshot, save=save, what="transfer loss")
 
 
 # ---------------------------------------------------------------------------------------
@@ -310,7 +384,8 @@ def train_transfer(recipe: Recipe, parent, twin, names: list[str], layers: list[
 def perplexity(model: torch.nn.Module, seqs: torch.Tensor, window: int | None) -> dict[str, Any]:
     """Held-out perplexity of `model` on sequences [n, T] (each predicted from its own start):
     over all predicted tokens, and split at `window` (tokens whose context fits in the
-    window vs those past it), plus the mean NLL per position (for the card's curve)."""
+    window, sinks included, vs those past it), plus the mean NLL per position (for the card's
+    curve)."""
     n, T = seqs.shape
     nll = torch.zeros(T - 1, dtype=torch.float64)
     for row in seqs:

