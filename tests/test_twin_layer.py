@@ -175,15 +175,7 @@ def test_chunk_op_equals_token_by_token_reference():
             torch.testing.assert_close(S, want_S, atol=1e-5, rtol=1e-5)
 
 
-def test_model_in_naive_mode_equals_chunk_mode():
-    m = tiny_model(tiny())
-    ids = torch.randint(0, 64, (2, 30))
-    for block in m.model.layers:
-        block.attn.chunk_size = 7
-    want = m(ids)
-    for block in m.model.layers:
-        block.attn.mode = "naive"
-    torch.testing.assert_close(m(ids), want, atol=1e-5, rtol=1e-5)
+# naive mode = chunk mode for the whole model: tests/test_twin_sinks.py (with and without sinks)
 
 
 def test_window_sees_exactly_its_window_and_the_state_the_rest():

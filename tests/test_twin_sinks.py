@@ -133,8 +133,9 @@ def test_streamed_state_equals_one_forward(kind, kw, sinks):
 
 
 @pytest.mark.parametrize("kind", ["gla", "gated_delta"])
-def test_model_in_naive_mode_equals_chunk_mode(kind):
-    m = tiny_model(tiny_cfg(kind, attn_layers=(1,)))
+@pytest.mark.parametrize("sinks", [0, 2])
+def test_model_in_naive_mode_equals_chunk_mode(kind, sinks):
+    m = tiny_model(tiny_cfg(kind, sinks=sinks, attn_layers=(1,)))
     ids = torch.randint(0, 64, (2, 30))
     for block in m.model.layers:
         block.attn.chunk_size = 7
