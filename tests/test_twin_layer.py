@@ -264,7 +264,8 @@ def test_window_linear_needs_attn_and_its_own_layers():
 
 # -- the shipped family (model_adapters/twins/, built by make train-twins) ------------------
 @pytest.mark.parametrize("name", ["smollm2-135m-gla-w64", "smollm2-135m-gla-w256",
-                                  "smollm2-135m-gla-w64-attn3", "smollm2-135m-swa-w64"])
+                                  "smollm2-135m-gla-w64-attn3", "smollm2-135m-swa-w64",
+                                  "smollm2-135m-swa-w64-s4"])
 def test_shipped_twin_equals_parent_within_window(name, prompts, parent_logits):
     """Issue 30's bar: on three prompts of at most W tokens each registered twin, assembled
     from the embedded parent and its trained tensors (shipped in the repo, so never skipped),
