@@ -75,6 +75,16 @@ def failed(run: ModelRun, item: Request, e: BaseException) -> SampleResult:
     return s
 
 
+def in_sinks(run: ModelRun, item: Request, sinks: int) -> SampleResult:
+    """The error sample of a question whose fact starts inside the model's attention sinks:
+    the sinks are kept exact, so recalling it would not measure the state."""
+    s = base_sample(run, item)
+    s.error = (f"the asked fact starts at token {item.question.fact_token}, inside {run.name}'s "
+               f"{sinks} attention sinks (its first {sinks} tokens are kept exact): choose a "
+               f"larger depth")
+    return s
+
+
 def answer(run: ModelRun, item: Request, state: Any, *, consume: bool, feed: bool = True,
            due: float | None = None) -> SampleResult:
     """Answer `item` from `state` (the context before its question; with feed=False, the

@@ -33,7 +33,7 @@ from evalkit.runner import arrivals as loads
 from evalkit.runner import shard as shards
 from evalkit.runner.cache import CacheError, SampleCache
 from evalkit.runner.concurrent import MAX_OPEN, execute_concurrent
-from evalkit.runner.execute import ModelRun, base_sample, execute, failed
+from evalkit.runner.execute import ModelRun, base_sample, execute, failed, in_sinks
 from evalkit.runner.plan import Request, build_plan
 from evalkit.runner.suite import ResolvedModel, ResolvedSuite, ResolvedTask, SuiteConfig, SuiteError
 from evalkit.taskspec import generate_probes
@@ -201,11 +201,7 @@ class _Session:
                     s.flag = "over_length"  # never cut: a cut prompt measures something else
                     direct.append((item.order, s))
                 elif probe.questions[qi].fact_token < sinks:  # recalled from the sinks, not the state
-                    s = base_sample(run, item)
-                    s.error = (f"the asked fact starts at token {probe.questions[qi].fact_token}, "
-                               f"inside {run.name}'s {sinks} attention sinks (its first {sinks} "
-                               f"tokens are kept exact): choose a larger depth")
-                    direct.append((item.order, s))
+                    direct.append((item.order, in_sinks(run, item, sinks)))
                 else:
                     items.append(item)
 
