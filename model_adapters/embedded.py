@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.model_adapters.gla_adapter import GLAAdapter, describe_config
+from evalkit.model_adapters.recurrent.adapter import RecurrentAdapter
 from evalkit.model_adapters.softmax import SoftmaxAdapter, describe_row
 from evalkit.model_adapters.smollm2 import (SMOLLM2_GGUF, _is_complete,
                                              convert_gguf_once, converted_dir, smollm2_gguf_path)
@@ -87,10 +88,13 @@ def laplace(path: str | None = None, **options: Any) -> GLAAdapter:
 
 # ---------------------------------------------------------------------------------------------
 # Models trained here by `evalkit train-tiny` (weights as package data under model_adapters/tiny):
-# the matched pair (configs/train_tiny.yaml). The MQAR twins are in mqar_models.py.
+# the matched pair and the Mamba-2 trained on its batches (configs/train_tiny.yaml). The MQAR
+# twins are in mqar_models.py.
 # A recurrent model has no context window: it runs at any length and records its trained
 # length, so results beyond it can be marked. A softmax model keeps its trained length as its
-# positional range (max_length): longer prompts are flagged over-length.
+# positional range (max_length): longer prompts are flagged over-length. The Mamba-2 is a
+# transformers Mamba2ForCausalLM run by the RecurrentAdapter (what hf:PATH gives such a folder),
+# its state measured from the cache.
 # ---------------------------------------------------------------------------------------------
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
 TINY_MODELS = {
@@ -98,12 +102,19 @@ TINY_MODELS = {
                                "recall-softmax-tiny"),
     "recall-softmax-tiny": ("softmax", "tiny Llama trained here on the same data/steps/optimizer "
                                        "as recall-gla-tiny"),
+    "recall-mamba2-tiny": ("mamba2", "tiny Mamba-2 (transformers) trained here on the same "
+                                     "batches/steps/optimizer as recall-gla-tiny"),
 }
 
 
+def _tiny_make(name: str) -> str:
+    """The command that trains a tiny model (the Mamba-2 alone: the pair's folders stay)."""
+    only = f" --only {name}" if TINY_MODELS[name][0] == "mamba2" else ""
+    return f"evalkit train-tiny --config configs/train_tiny.yaml{only}"
+
+
 def _tiny_folder(name: str) -> Path:
-    return shipped_checkpoint(TINY_DIR / name, name,
-                              "evalkit train-tiny --config configs/train_tiny.yaml")
+    return shipped_checkpoint(TINY_DIR / name, name, _tiny_make(name))
 
 
 def tiny_trained_length(name: str) -> int:
@@ -129,14 +140,35 @@ def _tiny_factory(name: str):
         options.setdefault("trained_length", trained)
         if kind == "gla":
             return GLAAdapter(str(folder), **options)
+        if kind == "mamba2":  # no context window (max_length stays None): as hf:PATH loads it
+            return RecurrentAdapter(folder, **options)
         options.setdefault("max_length", trained)
         return SoftmaxAdapter(folder, **options)
     make.__module__ = __name__
     return make
 
 
+def _describe_recurrent(folder: Path, n_tokens: int) -> dict:
+    """Parameters (a meta-device model: no weights) and fp32 state bytes from the config."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from evalkit.model_adapters.recurrent.formula import state_at
+
+    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {"parameters": model.num_parameters(),
+            "state_bytes": state_at(config, n_tokens, torch.float32).total, "dtype": "fp32"}
+
+
 def _tiny_describe(name: str, kind: str):
     def describe(n_tokens: int) -> dict:
+        if kind == "mamba2":  # registered before it is trained: noted, not an error
+            if not (TINY_DIR / name / "model.safetensors").is_file():
+                return {"note": f"not trained yet: {_tiny_make(name)}"}
+            return {**_describe_recurrent(_tiny_folder(name), n_tokens),
+                    "trained_length": tiny_trained_length(name)}
         trained = tiny_trained_length(name)
         if kind == "gla":
             return {**describe_config(_tiny_folder(name) / "config.json", "fp32"),
@@ -150,6 +182,10 @@ def _tiny(name: str) -> dict:
     """register_model's arguments for a tiny model, from its TINY_MODELS row."""
     kind, description = TINY_MODELS[name]
     gla = kind == "gla"
+    if kind == "mamba2":
+        return {"kind": "recurrent", "state_kind": "recurrent", "description": description,
+                "options": RecurrentAdapter, "config": TINY_DIR / name / "config.json",
+                "describe": _tiny_describe(name, kind)}
     return {"kind": kind, "state_kind": "recurrent" if gla else "kv", "description": description,
             "options": GLAAdapter if gla else SoftmaxAdapter,
             "config": TINY_DIR / name / "config.json" if gla else None,
@@ -159,3 +195,5 @@ def _tiny(name: str) -> dict:
 register_model("recall-gla-tiny", **_tiny("recall-gla-tiny"))(_tiny_factory("recall-gla-tiny"))
 register_model("recall-softmax-tiny", **_tiny("recall-softmax-tiny"))(
     _tiny_factory("recall-softmax-tiny"))
+register_model("recall-mamba2-tiny", **_tiny("recall-mamba2-tiny"))(
+    _tiny_factory("recall-mamba2-tiny"))

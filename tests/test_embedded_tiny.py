@@ -39,7 +39,11 @@ def test_checkpoint_loads_and_matches_its_card(name):
     shape = json.loads((TINY_DIR / name / "config.json").read_text())
     width, layers = re.search(r"^\| width / layers[^|]*\| (\d+) / (\d+) /", card, re.M).groups()
     assert (int(width), int(layers)) == (shape["hidden_size"], shape["num_hidden_layers"])
-    if TINY_MODELS[name][0] == "gla":  # no context window; the trained length is recorded
+    if TINY_MODELS[name][0] == "mamba2":  # no context window; its state measured from the cache
+        assert model.max_length is None and model.trained_length == trained
+        assert model.state_kind == "recurrent"
+        assert f"{model.state_bytes(model.prefill([1, 2, 3])):,} B" in card
+    elif TINY_MODELS[name][0] == "gla":  # no context window; the trained length is recorded
         assert model.max_length is None and model.trained_length == trained
         if "state_bytes" in log:
             assert model.state_bytes_at(1) == log["state_bytes"]

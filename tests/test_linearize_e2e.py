@@ -68,8 +68,12 @@ def test_stage_lowers_heldout_kl_and_is_recorded(built, name):
     meta = json.loads((out / name / "twin.json").read_text())
     assert meta["format"] == "evalkit-twin/2" and meta["delta"] == names == log["delta"]
     stored = load_file(str(out / name / "twin.safetensors"))
-    assert sorted(stored) == sorted(meta["trained"] + [f"delta.{n}" for n in names])
-    assert all(stored[f"delta.{n}"].abs().max() > 0 for n in names)
+    # stored factored (rank 8): delta = b @ a, b [out, 8], a [8, in]
+    assert sorted(stored) == sorted(meta["trained"] + [f"delta.{n}.{f}" for n in names
+                                                       for f in "ab"])
+    assert all(stored[f"delta.{n}.a"].shape[0] == 8 == stored[f"delta.{n}.b"].shape[1]
+               and (stored[f"delta.{n}.b"] @ stored[f"delta.{n}.a"]).abs().max() > 0
+               for n in names)
     assert {p.name for p in (out / name).iterdir()} == {
         "config.json", "twin.json", "twin.safetensors", "README.md", "train_log.json", "loss.png"}
     card = (out / name / "README.md").read_text()
@@ -155,9 +159,11 @@ def merged(parent_dir):
 def test_merged_delta_is_scale_b_a(merged):
     parent, twin, lora, delta, hooked, ids = merged
     assert sorted(delta) == sorted(lora.targets) and len(delta) == 8 and lora.scale == 2.0
-    for n in delta:
-        assert torch.equal(delta[n], 2.0 * (lora.B[n] @ lora.A[n]).detach())
-        assert torch.equal(twin.state_dict()[n], parent.state_dict()[n] + delta[n])
+    for n in delta:  # stored factored, (2 B, A); merged = W + (2 B) A, what the loader adds
+        b, a = delta[n]
+        assert torch.equal(b, 2.0 * lora.B[n].detach()) and torch.equal(a, lora.A[n].detach())
+        assert torch.equal(b @ a, 2.0 * (lora.B[n] @ lora.A[n]).detach())  # 2: a power of two
+        assert torch.equal(twin.state_dict()[n], parent.state_dict()[n] + b @ a)
     with torch.no_grad():
         assert (twin(ids) - hooked).abs().max() < 1e-4  # merged = the hooks' forward
 
@@ -170,6 +176,26 @@ def test_save_load_round_trip_with_delta(merged, tmp_path):
     assert got["delta"] == sorted(delta)
     with torch.no_grad():
         assert torch.equal(loaded(ids), twin(ids))
+
+
+def test_whole_and_factored_deltas_load_alike_and_half_a_factor_is_refused(merged, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    parent, twin, _, delta, _, ids = merged
+    names = sorted(n for n, _ in twin.named_parameters() if n not in parent.state_dict())
+    whole = {n: b @ a for n, (b, a) in delta.items()}
+    (tmp_path / "w").mkdir()
+    save_twin(tmp_path / "w", "t", twin, "hf:unused", parent_hash(parent), names, "r", whole)
+    assert all(f"delta.{n}" in load_file(str(tmp_path / "w" / "twin.safetensors")) for n in whole)
+    with torch.no_grad():
+        assert torch.equal(load_twin(tmp_path / "w", parent)[0](ids), twin(ids))
+    save_twin(tmp_path, "t", twin, "hf:unused", parent_hash(parent), names, "r", delta)
+    stored = load_file(str(tmp_path / "twin.safetensors"))
+    gone = f"delta.{sorted(delta)[0]}.a"
+    del stored[gone]
+    save_file(stored, str(tmp_path / "twin.safetensors"))
+    with pytest.raises(TwinError, match=r"expected the tensor itself, or factors"):
+        load_twin(tmp_path, parent)
 
 
 @pytest.mark.parametrize("change, message", [

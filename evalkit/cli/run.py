@@ -206,6 +206,7 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
+    from evalkit.runner.aggregate import prefill_line
     from evalkit.runner.concurrent import MAX_OPEN
     from evalkit.runner.run import run_suite
 
@@ -229,13 +230,10 @@ def _run(args) -> int:
         print(f"evalkit run: interrupted; {out.computed} new samples are saved in the cache. "
               f"Resume with: evalkit run --resume {out.run_dir}", file=sys.stderr)
         return 130
-    p = out.prefill
     print(f"evalkit run: {out.samples} samples: {out.samples - out.failed - out.flagged} scored, "
           f"{out.failed} failed, {out.flagged} flagged ({out.cached} from cache, "
           f"{out.computed} evaluated) in {out.wall_s:.1f}s")
-    print(f"evalkit run: prefilled {p['tokens_prefilled']:,} tokens for {p['prompt_tokens']:,} "
-          f"prompt tokens: savings ratio {p['savings_ratio']:.2f}x "
-          f"({100 * p['saved_fraction']:.1f}% saved)")
+    print(f"evalkit run: {prefill_line(out.prefill)}")
     lm = (out.results or {}).get("lm_eval") or {}
     if lm:
         print(f"evalkit run: lm-eval: {len(lm['pairs']) - lm['failed']} of {len(lm['pairs'])} "

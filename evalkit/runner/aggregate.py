@@ -97,13 +97,57 @@ def summary(samples: Sequence[SampleResult]) -> dict[str, Any]:
             "flagged": sum(flags.values()), "flags": dict(sorted(flags.items()))}
 
 
-def prefill_block(tokens_prefilled: int, prompt_tokens: int,
-                  per_pair: list[dict] | None = None) -> dict[str, Any]:
-    """The run's prefill figures; savings_ratio as plan.savings_ratio defines it."""
-    return {"tokens_prefilled": tokens_prefilled, "prompt_tokens": prompt_tokens,
-            "savings_ratio": savings_ratio(prompt_tokens, tokens_prefilled),
-            "saved_fraction": 1 - tokens_prefilled / prompt_tokens if prompt_tokens else 0.0,
-            "by_model_task": per_pair or []}
+def prefill_block(pairs: Sequence[dict], samples: Iterable[SampleResult] = ()) -> dict[str, Any]:
+    """The run's prefill figures, per (model, task) pair and in all; savings_ratio as
+    plan.savings_ratio defines it.
+
+    In process, a pair's tokens_prefilled is its plan's (plan.build_plan: each shared prefix
+    once). A served pair's ("served": true) is the sum of its samples' `tokens_sent`: the
+    greedy prompt and each scoring prompt, each prefilled whole by the server (a prefix cache
+    may reuse some, which the client cannot see), so its ratio is below 1 when forced choice
+    sends the context once per candidate; `requests` beside it, and `uncounted`: answered
+    samples without a count (from a run before it was kept). "served" sums the served pairs
+    (absent without any)."""
+    sent: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for s in samples:
+        got = sent[(s.model, s.task)]
+        if s.tokens_sent is None:  # nothing sent (flagged, failed first), or from before
+            got[2] += scored(s)
+        else:
+            got[0] += s.tokens_sent
+            got[1] += s.requests or 0
+    by_pair = []
+    for p in pairs:
+        if p.get("served"):
+            tokens, requests, uncounted = sent[(p["model"], p["task"])]
+            p = {**p, "tokens_prefilled": tokens, "requests": requests, "uncounted": uncounted}
+        by_pair.append(p)
+    tokens = sum(p["tokens_prefilled"] for p in by_pair)
+    prompt = sum(p["prompt_tokens"] for p in by_pair)
+    served = [p for p in by_pair if p.get("served")]
+    return {"tokens_prefilled": tokens, "prompt_tokens": prompt,
+            "savings_ratio": savings_ratio(prompt, tokens),
+            "saved_fraction": 1 - tokens / prompt if prompt else 0.0,
+            **({"served": {k: sum(p[k] for p in served) for k in
+                           ("tokens_prefilled", "prompt_tokens", "requests", "uncounted")}}
+               if served else {}),
+            "by_model_task": by_pair}
+
+
+def prefill_line(block: dict) -> str:
+    """The run summary's prefill line (evalkit run prints it) from prefill_block's figures."""
+    line = (f"prefilled {block['tokens_prefilled']:,} tokens for {block['prompt_tokens']:,} "
+            f"prompt tokens: savings ratio {block['savings_ratio']:.2f}x")
+    served = block.get("served")
+    if not served:
+        return f"{line} ({100 * block['saved_fraction']:.1f}% saved)"
+    line += (f"; served models sent {served['tokens_prefilled']:,} of them for "
+             f"{served['prompt_tokens']:,} prompt tokens in {served['requests']:,} requests "
+             f"(a served request's prompts are prefilled whole: the greedy prompt and, with "
+             f"forced choice, the context again for each candidate)")
+    if served["uncounted"]:
+        line += f", {served['uncounted']} samples uncounted (from before the count was kept)"
+    return line
 
 
 def build_results(*, run_id: str, version: str, created: str, config_hash: str,

@@ -1,7 +1,10 @@
 """Run a plan on one adapter: batched prefills, then fork/extend/answer per question.
 
 Every question is answered twice over from one state: greedy generation (cut at the stop
-strings) and forced choice, `score(state, [" " + candidate ids ...])`. State ownership follows
+strings) and forced choice, `score(state, [" " + candidate ids ...])`, unless the model's suite
+entry turns forced choice off (`forced_choice: false`: score() is never called, so a served
+sample costs one request). A served model counts what each sample sends (`metered`: its
+tokens_sent and requests). State ownership follows
 evalkit.adapter: `extend` may consume its state, so a state that is still needed is forked
 first; the last user of a state consumes it without a copy.
 
@@ -11,6 +14,7 @@ KeyboardInterrupt is never caught here.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import traceback
@@ -35,6 +39,11 @@ class ModelRun:
     stop: tuple[str, ...] = ANSWER_STOP
     max_new_tokens: int | None = None  # overrides each question's own budget when set
     arrivals: str | None = None        # a served model's load: poisson:R/s, trace:.., closed:C
+    forced_choice: bool = True         # False: no score() call, no forced-choice metric
+
+    @property
+    def served(self) -> bool:
+        return self.arrivals is not None  # every served model runs under a load (closed:C)
 
 
 def prompt_chars(item: Request) -> int:
@@ -90,9 +99,26 @@ def answer(run: ModelRun, item: Request, state: Any, *, consume: bool, feed: boo
     """Answer `item` from `state` (the context before its question; with feed=False, the
     whole prompt). With consume=False the state is forked first and stays intact. `due`: the
     time.monotonic() the request was due (--arrivals), the start of its response time."""
-    model, q = run.adapter, item.question
     sample = base_sample(run, item)
     t0 = time.monotonic()
+    metered = getattr(run.adapter, "metered", None)  # a served model counts what it sends
+    with metered() if metered is not None else contextlib.nullcontext() as sent:
+        sample, timing = _answer(run, item, state, sample, consume=consume, feed=feed)
+    if sent is not None:
+        sample.tokens_sent, sample.requests = sent.tokens, sent.requests
+    if timing is not None:  # a served request: its whole time, from the first send
+        sample.ttft_s, sample.service_s = timing.ttft_s, timing.service_s
+        sample.attempts = timing.attempts
+        sample.latency_s = timing.service_s if due is None else timing.done_at - due
+    else:  # in process, or a failure: until now
+        sample.latency_s = time.monotonic() - (t0 if due is None else due)
+    return sample
+
+
+def _answer(run: ModelRun, item: Request, state: Any, sample: SampleResult, *, consume: bool,
+            feed: bool) -> tuple[SampleResult, Any]:
+    """`sample` answered (or the failed sample instead), and the served request's Timing."""
+    model, q = run.adapter, item.question
     try:
         s = state if consume else model.fork(state)
         if feed:
@@ -104,7 +130,7 @@ def answer(run: ModelRun, item: Request, state: Any, *, consume: bool, feed: boo
         else:
             sample.prediction, timing = model.generate(s, budget, stop=list(run.stop)), None
         logprobs = None
-        if len(q.candidates) >= 2:
+        if run.forced_choice and len(q.candidates) >= 2:
             conts = [continuation_ids(model.tokenizer, c) for c in q.candidates]
             logprobs = [float(x) for x in model.score(s, conts)]
             if not all(map(math.isfinite, logprobs)):
@@ -124,14 +150,8 @@ def answer(run: ModelRun, item: Request, state: Any, *, consume: bool, feed: boo
         else:
             sample.state_bytes = int(model.state_bytes(s))
     except Exception as e:  # one bad sample must not end the run
-        sample, timing = failed(run, item, e), None
-    if timing is not None:  # a served request: its whole time, from the first send
-        sample.ttft_s, sample.service_s = timing.ttft_s, timing.service_s
-        sample.attempts = timing.attempts
-        sample.latency_s = timing.service_s if due is None else timing.done_at - due
-    else:  # in process, or a failure: until now
-        sample.latency_s = time.monotonic() - (t0 if due is None else due)
-    return sample
+        return failed(run, item, e), None
+    return sample, timing
 
 
 def _run_subtree(run: ModelRun, node: Node, state: Any, emit: Callable[[SampleResult], None]) -> None:

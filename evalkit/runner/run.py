@@ -59,7 +59,7 @@ class RunOutcome:
 
 def _generation_key(run: ModelRun) -> dict:
     key = {"stop": list(run.stop), "max_new_tokens": run.max_new_tokens, "decoding": "greedy",
-           "forced_choice": "sum-logprob, ' ' + candidate"}
+           "forced_choice": "sum-logprob, ' ' + candidate" if run.forced_choice else "off"}
     if run.arrivals is not None:  # a sample answered under load is not an unloaded one
         key["arrivals"] = run.arrivals
     return key
@@ -113,14 +113,16 @@ class _Session:
                                "options": provenance.jsonable(m.options), "state_kind": kind,
                                "max_length": adapter.max_length,
                                "trained_length": adapter.trained_length,
-                               **({"published": m.published} if m.published else {})}
+                               **({"published": m.published} if m.published else {}),
+                               **({} if m.forced_choice else {"forced_choice": False})}
         if self.on_model is not None:
             self.on_model({**self.earlier_models, **self.models})
         gen = self.resolved.suite.generation
         arrivals = self.resolved.arrivals if m.served else None  # in-process: unloaded
         load = (arrivals.label if arrivals is not None else loads.closed(adapter.concurrency)
                 ) if m.served else None
-        run = ModelRun(adapter, m.name, mhash, kind, tuple(gen.stop), gen.max_new_tokens, load)
+        run = ModelRun(adapter, m.name, mhash, kind, tuple(gen.stop), gen.max_new_tokens, load,
+                       m.forced_choice)
         torch.manual_seed(self.resolved.suite.seed)
         for task in self.resolved.tasks:  # every grid problem surfaces before any evaluation
             self.probes_for(task, adapter.tokenizer)
@@ -130,7 +132,7 @@ class _Session:
         else:
             for ti, task in enumerate(self.resolved.tasks):
                 todo, _ = self.plan_pair(run, mi, ti, task)
-                self.run_items(run, todo, f"{run.name} | {task.name}", served=m.served)
+                self.run_items(run, todo, f"{run.name} | {task.name}")
         del run, adapter
         gc.collect()
 
@@ -139,7 +141,7 @@ class _Session:
         if not isinstance(before, dict) or before.get("hash") in (None, mhash):
             return
         skip = {"hash", "spec", "options", "state_kind", "max_length", "trained_length",
-                "published"}
+                "published", "forced_choice"}
         fields = sorted(k for k in (set(identity) | set(before)) - skip
                         if identity.get(k) != before.get(k))
         shown = "; ".join(f"{k}: {_short(before.get(k))} -> {_short(identity.get(k))}"
@@ -208,8 +210,8 @@ class _Session:
         full = build_plan(items)  # the same on every rank: global prefill statistics
         if self.shard.count > 1:  # this shard's part (a shared prefix never straddles two)
             full = build_plan([it for u in self.shard.take(full.units) for it in u.items()])
-        self.pairs.append({"model": run.name, "task": task.name,
-                           "tokens_prefilled": full.tokens_prefilled,
+        self.pairs.append({"model": run.name, "task": task.name, "served": run.served,
+                           "tokens_prefilled": None if run.served else full.tokens_prefilled,
                            "prompt_tokens": full.prompt_tokens, "questions": full.n_items})
         for order, s in dist.shard(self.shard.take(direct)):
             self.samples.append((order, s.to_dict()))
@@ -245,9 +247,9 @@ class _Session:
             print(f"evalkit run: {run.name} under {arrivals.label}: {len(whole)} requests, "
                   f"expected to take {arrivals.expected_s(len(whole)):,.0f} s; {len(todo)} to "
                   f"send here{part}{first}", file=sys.stderr)
-        self.run_items(run, todo, f"{run.name} | {arrivals.label}", served=True, due=when)
+        self.run_items(run, todo, f"{run.name} | {arrivals.label}", due=when)
 
-    def run_items(self, run: ModelRun, todo: list[Request], desc: str, *, served: bool,
+    def run_items(self, run: ModelRun, todo: list[Request], desc: str,
                   due: list[float] | None = None) -> None:
         """Answer `todo`, caching each sample as it ends. `due`: an open loop's due times;
         else a served model keeps `concurrency` requests in flight (a closed loop) and an
@@ -255,7 +257,7 @@ class _Session:
         if not todo:
             return
         plan = build_plan(todo)
-        self.tokens_run += plan.tokens_prefilled
+        self.tokens_run += 0 if run.served else plan.tokens_prefilled  # served: as sent
         gen_key = _generation_key(run)
         order = {(it.probe.task, it.probe.hash, it.qi): it.order for it in todo}
         bar = _bar(len(todo), desc, self.progress)
@@ -264,6 +266,7 @@ class _Session:
             self.cache.put(self.cache.key(s.model_hash, s.probe_hash, s.question, gen_key), s)
             self.samples.append((order[(s.task, s.probe_hash, s.question)], s.to_dict()))
             self.computed += 1
+            self.tokens_run += s.tokens_sent or 0
             if bar is not None:
                 bar.update(1)
                 if s.error is not None:
@@ -272,7 +275,7 @@ class _Session:
         try:
             if due is not None:
                 execute_concurrent(run, todo, emit, MAX_OPEN, due)
-            elif served:
+            elif run.served:
                 execute_concurrent(run, list(plan.items()), emit, run.adapter.concurrency)
             else:
                 execute(run, plan, emit, batch_size=self.resolved.suite.batch_size)
@@ -463,9 +466,7 @@ def _run(session: _Session, earlier: dict | None, done: bool, argv: list[str] | 
 
     rows = sorted((row for part in gathered for row in part["samples"]), key=lambda r: r[0])
     samples = [SampleResult.from_dict(d) for _, d in rows]
-    tp = sum(p["tokens_prefilled"] for p in session.pairs)
-    pt = sum(p["prompt_tokens"] for p in session.pairs)
-    prefill = aggregate.prefill_block(tp, pt, session.pairs)
+    prefill = aggregate.prefill_block(session.pairs, samples)
     finished = provenance.utc_now()
     prov = provenance.collect(config_hash=resolved.config_hash, seed=suite.seed,
                               models=session.models, tasks=tasks, started=first_start,
@@ -483,8 +484,7 @@ def _run(session: _Session, earlier: dict | None, done: bool, argv: list[str] | 
     per_rank = [{"computed": p["computed"], "cached": p["cached"]} for p in gathered]
     rundir.append_execution(path, execution_record(
         {"interrupted": False, **totals, "cache": cache_stats, "ranks": per_rank}))
-    rundir.finish(path, samples=(s.to_dict() for s in samples), results=results,
-                  provenance=prov,
+    rundir.finish(path, samples=(s.to_dict() for s in samples), results=results, provenance=prov,
                   probes=list(session.probes.values()) if suite.log_samples else None)
     summ = results["summary"]
     outcome.results = results

@@ -8,6 +8,7 @@ naming the file, the key and the expected type.
     models:                        # a registered name, or {name, spec, options}
       - smollm2-135m
       - {name: my-gla, spec: "gla:${GLA_CKPT}", options: {dtype: bfloat16}}
+      - {name: my-vllm, spec: "served:${URL}", options: {...}, forced_choice: false}
     tasks:                         # task names, globs ("needle*") or groups, or mappings
       - needle                     #   with per-task grid overrides
       - {name: multikey, loads: [1, 4, 16, 64]}
@@ -34,6 +35,11 @@ defaults, then the task spec's own defaults. `${VAR}` in a model spec or a strin
 replaced by the environment variable (an unset one is an error), so a shared config can name
 checkpoints without editing it; an option that is one `${VAR}` alone takes a number or boolean
 as YAML reads it (`concurrency: ${C}`).
+
+A model entry's `forced_choice: false` turns the forced-choice metric off for that model: no
+candidate is scored (score() is never called, so a served sample is one request, one prefill
+of its prompt); results.json's `models` record `forced_choice: false`, and the config hash and
+the samples' cache keys differ from the same model with it on.
 """
 from __future__ import annotations
 
@@ -75,6 +81,10 @@ class ModelEntry(BaseModel):
     # the published result this model reproduces (a key of configs/published/*.yaml, e.g.
     # "gla-d64"); recorded in results.json, never hashed: it changes no answer
     published: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    # False: no forced-choice scoring for this model (greedy answers only); hashed when off.
+    # A string is one `${VAR}` read as YAML (true / false), so one suite serves runs with and
+    # without it (the served board: scored unloaded, greedy only under load)
+    forced_choice: bool | str = True
 
     @property
     def spec_name(self) -> str:
@@ -218,6 +228,7 @@ class ResolvedModel:
     options: dict
     published: str | None = None
     served: bool = False   # behind a server (a served:URL spec): what --arrivals loads
+    forced_choice: bool = True  # False: greedy answers only (the entry's forced_choice)
 
 
 @dataclass(frozen=True)
@@ -276,6 +287,23 @@ def _expand(value: Any, where: str, key: str) -> Any:
             return out
         return read if isinstance(read, (int, float, bool)) else out
     return out
+
+
+def _forced_choice(value: bool | str, where: str, i: int) -> bool:
+    if isinstance(value, bool):
+        return value
+    key = f"models.{i}.forced_choice"
+    if not _VAR.fullmatch(value):
+        raise SuiteError(f"{where}: key {key!r}: {value!r}: expected true, false or one "
+                         f"${{VAR}} holding true or false")
+    read = _expand(value, where, key)
+    try:
+        parsed = yaml.safe_load(read)
+    except yaml.YAMLError:
+        parsed = read
+    if not isinstance(parsed, bool):
+        raise SuiteError(f"{where}: key {key!r}: {value} is {read!r}; expected true or false")
+    return parsed
 
 
 def import_plugins(plugins: Sequence[str], where: str) -> None:
@@ -391,7 +419,8 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
         spec = _expand(m.spec_name, source, f"models.{i}.spec")
         options = _expand(dict(m.options), source, f"models.{i}.options")
         _check_model(spec, source, i, m.name)
-        models.append(ResolvedModel(m.name, spec, options, m.published, _is_served(spec)))
+        models.append(ResolvedModel(m.name, spec, options, m.published, _is_served(spec),
+                                    _forced_choice(m.forced_choice, source, i)))
 
     try:
         registry = discover(suite.include)
@@ -434,7 +463,8 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
     # Only what changes results is hashed: not batch size, threads, output paths, logging, or
     # where task files live (a task's own config hash covers its generator and params).
     config = {
-        "models": [{"name": m.name, "spec": m.spec, "options": m.options} for m in models],
+        "models": [{"name": m.name, "spec": m.spec, "options": m.options,
+                    **({} if m.forced_choice else {"forced_choice": False})} for m in models],
         "tasks": [{"task": t.name, "version": t.spec.version, "config_hash": t.spec.config_hash(),
                    "lengths": list(t.lengths), "depths": list(t.depths), "loads": list(t.loads),
                    "samples": t.samples, "probes": len(t.points),

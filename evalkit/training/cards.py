@@ -1,6 +1,7 @@
 """Model cards of `evalkit train-tiny`: what each checkpoint is, how it was trained, on what data.
 
-`pair_card` describes the matched pair (configs/train_tiny.yaml): data, stages, seed ranges.
+`pair_card` describes the matched pair (configs/train_tiny.yaml): data, stages, seed ranges;
+`mamba2_card` the Mamba-2 trained on the same recipe and batches.
 """
 from __future__ import annotations
 
@@ -9,20 +10,27 @@ import platform
 from pathlib import Path
 
 from evalkit import __version__
+from evalkit.training.train import NAMES, final_loss
 
-NAMES = {"gla": "recall-gla-tiny", "softmax": "recall-softmax-tiny"}
-TRAINED_NOTE = {"gla": " (no context window: evaluated beyond it, and such cells are marked)",
+COLORS = {"gla": "C0", "softmax": "C1", "mamba2": "C2"}  # one colour a model, in every plot
+RECURRENT_NOTE = " (no context window: evaluated beyond it, and such cells are marked)"
+TRAINED_NOTE = {"gla": RECURRENT_NOTE, "mamba2": RECURRENT_NOTE,
                 "softmax": ": its positional range; longer prompts are flagged over-length"}
 
 
-def pair_loss_plot(result: dict, path: Path) -> None:
+def pair_loss_plot(result: dict, path: Path, earlier: dict | None = None) -> None:
+    """The losses of the models trained in this run; `earlier` ({kind: train_log.json} of
+    models trained on the same recipe in an earlier run, so on the same batches) dashed."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(9, 3.5))
     for ax, key, title in zip(fig.subplots(1, 2), ("history", "answer_history"),
                               ("weighted loss, all tokens", "loss on answer tokens")):
         for k, v in result[key].items():
-            ax.plot(v, label=NAMES[k], linewidth=0.8)
+            ax.plot(v, label=NAMES[k], linewidth=0.8, color=COLORS[k])
+        for k, log in (earlier or {}).items():
+            ax.plot(log[key], label=f"{NAMES[k]} (earlier run)", linewidth=0.8, linestyle="--",
+                    color=COLORS[k])
         ax.set_xlabel("step")
         ax.set_yscale("log")
         ax.set_title(title)
@@ -76,8 +84,6 @@ values and positions are not."""
 
 def pair_card(name: str, kind: str, cfg, result: dict, gla_cfg, llama_cfg, tok_path: str,
               config_path: str) -> str:
-    from evalkit.training.train import final_loss
-
     hist = result["history"][kind]
     arch = ("our native-PyTorch Gated Linear Attention (fla GLAForCausalLM semantics, saved in "
             "fla's checkpoint format)" if kind == "gla" else
@@ -116,6 +122,86 @@ equal terms on 2 CPU cores. Its twin is `{NAMES['softmax' if kind == 'gla' else 
 The GLA state does not grow with the context; the Llama KV cache grows linearly.
 
 {_bytes_table(gla_cfg, llama_cfg)}
+
+Recall scores are in the project leaderboard (`leaderboard/README.md`), measured by the
+quick suite, not here.
+"""
+
+
+def _mamba2_bytes_table(m_cfg, gla_cfg, llama_cfg,
+                        lengths=(256, 512, 1024, 2048, 4096, 8192)) -> str:
+    import torch
+
+    from evalkit.model_adapters.recurrent.formula import state_at
+
+    gla = gla_cfg.state_bytes("float32")
+    head_dim = llama_cfg.hidden_size // llama_cfg.num_attention_heads
+    rows = ["| tokens | Mamba-2 state (fp32) | GLA state (fp32) | softmax KV cache (fp32) | "
+            "KV / Mamba-2 state |", "| ---: | ---: | ---: | ---: | ---: |"]
+    for n in lengths:
+        state = state_at(m_cfg, n, torch.float32).total
+        kv = 2 * llama_cfg.num_hidden_layers * llama_cfg.num_key_value_heads * head_dim * n * 4
+        rows.append(f"| {n:,} | {state:,} B | {gla:,} B | {kv:,} B | {kv / state:.2f} |")
+    return "\n".join(rows)
+
+
+def mamba2_card(name: str, cfg, result: dict, tok_path: str, config_path: str,
+                earlier: dict | None = None) -> str:
+    """The Mamba-2's card: the pair's shape, its twins' numbers beside its own. `earlier`:
+    {kind: train_log.json} of twins trained on the same recipe in an earlier run."""
+    m_cfg, gla_cfg, llama_cfg = (result["configs"][k] for k in ("mamba2", "gla", "softmax"))
+    m, params = cfg.mamba2, result["params"]
+    rel = 100 * (params["mamba2"] - params["gla"]) / params["gla"]
+    inner = m.expand * cfg.hidden_size
+    ssm = m_cfg.num_heads * m.head_dim * m.state_size * 4
+    conv = (inner + 2 * m.n_groups * m.state_size) * m.conv_kernel * 4
+    twins = []
+    for k in ("gla", "softmax"):
+        log = (({"history": result["history"][k], "answer_history": result["answer_history"][k]})
+               if k in result["history"] else (earlier or {}).get(k))
+        if log:
+            twins.append(f"`{NAMES[k]}` {final_loss(log['history']):.4f} (answer tokens "
+                         f"{final_loss(log['answer_history']):.4f})")
+    twin_row = (f"\n| twins' final loss (same batches) | {'; '.join(twins)} |" if twins else "")
+    return f"""# {name}
+
+A tiny recurrent language model (Mamba-2, a selective state-space model) trained by
+`evalkit train-tiny` on exactly the recipe of the matched pair `{NAMES['gla']}` /
+`{NAMES['softmax']}`: the same tokenizer, data, batches (one seeded draw per step, whatever
+trains), optimizer, schedule and loss weights, so a second kind of fixed recurrent state can be
+compared with the GLA's and with a growing KV cache on equal terms on 2 CPU cores.
+
+| | |
+| --- | --- |
+| architecture | transformers Mamba2ForCausalLM (SSD mixer; trained on CPU through transformers' PyTorch reference scan, no CUDA kernels; untied embeddings, as the GLA's) |
+| parameters | {params['mamba2']:,} ({NAMES['gla']}: {params['gla']:,}, {rel:+.2f} %; {NAMES['softmax']}: {params['softmax']:,}) |
+| width / layers / heads | {cfg.hidden_size} / {m.num_layers} / {m_cfg.num_heads} (head dim {m.head_dim}, expand {m.expand}, state size {m.state_size}, {m.n_groups} group(s), conv {m.conv_kernel}, chunk {m.chunk_size}; the pair: {cfg.hidden_size} / {cfg.num_layers}) |
+| vocabulary | {m_cfg.vocab_size} (shared tokenizer: `{tok_path}`) |
+| trained length | {cfg.seq_len} tokens{TRAINED_NOTE['mamba2']}; config.json records it as `trained_length` |
+| steps | {cfg.steps} in {len(cfg.stages)} stage(s) (below), each about {cfg.batch_tokens:,} tokens, one probe length per batch |
+| optimizer | AdamW (betas 0.9/0.95, weight decay {cfg.weight_decay}), lr {cfg.lr}, {cfg.warmup} warm-up steps then cosine to 0, grad clip 1.0 |
+| loss | next-token cross-entropy over the whole sequence, answer tokens weighted {cfg.answer_weight}, all other tokens {cfg.context_weight} |
+| final loss (mean of last 25 steps) | {final_loss(result['history']['mamba2']):.4f} (answer tokens alone: {final_loss(result['answer_history']['mamba2']):.4f}) |{twin_row}
+| training time | {result['seconds']['mamba2'] / 60:.1f} min on {cfg.threads} CPU threads ({platform.processor() or platform.machine()}) |
+| seed | {cfg.seed} (initialisation and batch order) |
+| evalkit | {__version__}; recipe: `{config_path}` (its `mamba2` block) |
+
+## Data
+
+{data_section(cfg)}
+
+## Loss
+
+![loss curve](loss.png)
+
+## State bytes vs. KV-cache bytes by length
+
+The Mamba-2 state does not grow with the context: per layer, an SSM state of
+{m_cfg.num_heads} heads x {m.head_dim} x {m.state_size} ({ssm:,} B in fp32) and a convolution tail of
+({inner} + 2 x {m.n_groups} x {m.state_size}) channels x {m.conv_kernel} ({conv:,} B), over
+{m.num_layers} layers; the GLA's state is constant too, the Llama KV cache grows linearly.
+
+{_mamba2_bytes_table(m_cfg, gla_cfg, llama_cfg)}
 
 Recall scores are in the project leaderboard (`leaderboard/README.md`), measured by the
 quick suite, not here.

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from evalkit.model_adapters.gla.twin import trained_names
+from evalkit.model_adapters.gla.twin import full_delta, trained_names
 from evalkit.training.linearize import (EndToEnd, Progress, load_optimizer_state,
                                         optimizer_state, run_schedule, trainable, write_tensors)
 
@@ -80,10 +80,12 @@ class LoRA:
             for k, p in zip(self.names, self.params):
                 p.copy_(tensors[k])
 
-    def delta(self) -> dict[str, torch.Tensor]:
-        """{weight name: alpha/r B A} (fp32)."""
+    def delta(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """{weight name: (alpha/r B, A)} (fp32): the delta as the twin folder stores it,
+        factored (gla/twin.py); merge() adds (alpha/r B) A, the very product the loader adds."""
         with torch.no_grad():
-            return {n: self.scale * (self.B[n].float() @ self.A[n].float()) for n in self.targets}
+            return {n: (self.scale * self.B[n].float(), self.A[n].float().clone())
+                    for n in self.targets}
 
     def remove(self) -> None:
         for h in self._hooks:
@@ -97,7 +99,7 @@ class LoRA:
         delta = self.delta()
         with torch.no_grad():
             for n, lin in self.targets.items():
-                lin.weight.copy_(lin.weight.float() + delta[n])
+                lin.weight.copy_(lin.weight.float() + full_delta(delta[n]))
         return delta
 
 

@@ -33,9 +33,9 @@ from evalkit import __version__, atomic
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.from_llama import linearize
 from evalkit.model_adapters.gla.model import GLAForCausalLM
-from evalkit.model_adapters.gla.twin import (DELTA, TWIN_FILE, TWIN_WEIGHTS, load_parent,
-                                             load_twin, parent_folder, parent_hash, read_meta,
-                                             save_twin, trained_names)
+from evalkit.model_adapters.gla.twin import (TWIN_FILE, TWIN_WEIGHTS, load_parent,
+                                             load_twin, parent_folder, parent_hash, read_delta,
+                                             read_meta, save_twin, trained_names)
 from evalkit.owned_folder import stage_for
 from evalkit.training.linearize import (Member, Progress, Recipe, heldout_transfer,
                                         mean_relative, perplexity, train_transfer, write_tensors)
@@ -248,7 +248,8 @@ def derive_member(fam: Family, m: Member, out: Path
     if set(missing) - tied:
         raise ValueError(f"{m.name}: the source's tensors do not fill the derived twin: {missing[:4]}")
     stored = load_file(str(src_dir / TWIN_WEIGHTS)) if src_meta["delta"] else {}
-    delta = {n: stored[DELTA + n] for n in src_meta["delta"] if n not in restored}
+    delta = {n: read_delta(stored, n, src_dir / TWIN_WEIGHTS) for n in src_meta["delta"]
+             if n not in restored}
     fam.log(f"{m.name}: {m.from_twin} with layers {keep} (highest held-out relative error) "
             f"back to full attention")
     return twin.eval(), {"from_twin": m.from_twin, "kept_attention": keep,

@@ -1,22 +1,29 @@
-"""Train the matched tiny pair: our GLA and a transformers Llama on the same data, same steps.
+"""Train the tiny family: our GLA and a transformers Llama (the matched pair), and a transformers
+Mamba-2, on the same data, same steps.
 
-Both models share the tiny tokenizer, the width and depth; their parameter counts
-must lie within 5 % of each other (checked before training). Each step feeds both models the
-identical batch, with the identical optimizer and schedule, so the only difference is the
-mixer: a fixed recurrent state against a growing KV cache.
+All share the tiny tokenizer and the width; the pair also the depth, the Mamba-2 its own depth
+(the recipe's `mamba2` block). Every parameter count must lie within 5 % of the GLA's (checked
+before training). One loop trains any of them: each step draws one batch (`draw_batches`: one
+seeded RNG, whatever trains) and feeds it to every model, with the identical optimizer and
+schedule, so the only difference is the mixer: a fixed recurrent state (GLA, Mamba-2) against a
+growing KV cache. Training one model alone sees exactly the batches it saw beside the others.
 """
 from __future__ import annotations
 
 import math
 import random
 import time
-from typing import Any
+from typing import Any, Iterable, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from evalkit.training.data import TRAIN_SEED_BASE, batch, make_pool
+
+# the tiny family, in training order: kind -> model (and folder) name
+NAMES = {"gla": "recall-gla-tiny", "softmax": "recall-softmax-tiny",
+         "mamba2": "recall-mamba2-tiny"}
 
 
 class Stage(BaseModel):
@@ -56,14 +63,44 @@ class Recipe(BaseModel):
         return sum(s.steps for s in self.stages)
 
 
+class Mamba2Block(BaseModel):
+    """The Mamba-2 of the tiny family (transformers Mamba2ForCausalLM) at the recipe's width:
+    its own depth and mixer shape, so that its parameters lie within 5 % of the GLA's. Limits
+    keep it servable by vLLM's Mamba-2 kernels (head_dim a multiple of 16, state <= 128)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    num_layers: int = Field(ge=1, le=64)
+    state_size: int = Field(default=64, ge=8, le=128)   # d_state of each head's SSM matrix
+    head_dim: int = Field(default=64, ge=16, le=256, multiple_of=16)
+    expand: int = Field(default=2, ge=1, le=8)          # inner width = expand * hidden_size
+    n_groups: int = Field(default=1, ge=1, le=64)       # B/C groups shared by the heads
+    conv_kernel: int = Field(default=4, ge=2, le=4)
+    chunk_size: Literal[64, 128, 256] = 64  # SSD chunk length (the CPU reference scan: 64 fastest)
+
+
 class TrainConfig(Recipe):
-    """The matched pair (configs/train_tiny.yaml): one GLA, one Llama, one learning rate."""
+    """The tiny family (configs/train_tiny.yaml): one GLA, one Llama, and with a `mamba2`
+    block one Mamba-2; one learning rate."""
     lr: float = 3e-3
     num_heads: int = 4                    # softmax heads
     # GLA heads: its recall lives in per-head d_k x d_v states, so fewer, larger heads (Laplace
     # 3B: 2 of d_k 192) recall where four 16 x 32 states measured at chance; parameters are
     # the same for any head count.
     gla_heads: int = 1
+    mamba2: Mamba2Block | None = None     # without it, `evalkit train-tiny` trains the pair
+
+    @field_validator("mamba2")
+    @classmethod
+    def _mamba2_heads(cls, m: Mamba2Block | None, info: ValidationInfo) -> Mamba2Block | None:
+        if m is not None and "hidden_size" in info.data:
+            inner = m.expand * info.data["hidden_size"]
+            if inner % m.head_dim:
+                raise ValueError(f"expand x hidden_size = {inner} is not a multiple of head_dim "
+                                 f"{m.head_dim} (Mamba-2 needs num_heads x head_dim = expand x "
+                                 f"hidden_size)")
+            if (inner // m.head_dim) % m.n_groups:
+                raise ValueError(f"n_groups {m.n_groups} does not divide its "
+                                 f"{inner // m.head_dim} heads")
+        return m
 
 
 def build_gla(cfg: Recipe, vocab_size: int, ids: tuple[int, int, int], *, num_heads: int,
@@ -102,15 +139,80 @@ def build_llama(cfg: Recipe, vocab_size: int, ids: tuple[int, int, int], *, num_
     return LlamaForCausalLM(llama_cfg)
 
 
-def build_pair(cfg: TrainConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int):
-    ids = (pad_id, bos_id, eos_id)
-    gla, gla_cfg = build_gla(cfg, vocab_size, ids, num_heads=cfg.gla_heads)
-    llama = build_llama(cfg, vocab_size, ids, num_heads=cfg.num_heads)
-    n_gla, n_llama = (sum(p.numel() for p in m.parameters()) for m in (gla, llama))
+def build_mamba2(cfg: TrainConfig, vocab_size: int, ids: tuple[int, int, int]):
+    """A seeded random transformers Mamba2ForCausalLM of the recipe's width and its `mamba2`
+    block (untied embeddings, as the GLA's). config.json records `trained_length` (Mamba-2 has
+    no positional range to hold it)."""
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    m = cfg.mamba2
+    if m is None:
+        raise ValueError("training config: no `mamba2` block, so recall-mamba2-tiny cannot be "
+                         "built (add one: num_layers, state_size, head_dim, expand, ...)")
+    pad_id, bos_id, eos_id = ids
+    m_cfg = Mamba2Config(vocab_size=vocab_size, hidden_size=cfg.hidden_size,
+                         num_hidden_layers=m.num_layers, state_size=m.state_size,
+                         expand=m.expand, head_dim=m.head_dim,
+                         num_heads=m.expand * cfg.hidden_size // m.head_dim,
+                         n_groups=m.n_groups, conv_kernel=m.conv_kernel, chunk_size=m.chunk_size,
+                         bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
+                         tie_word_embeddings=False, trained_length=cfg.seq_len)
+    torch.manual_seed(cfg.seed)
+    return Mamba2ForCausalLM(m_cfg)
+
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def check_parameters(params: dict[str, int]) -> None:
+    """Every model of the family within 5 % of the GLA's parameters (the pair: of each other)."""
+    n_gla, n_llama = params["gla"], params["softmax"]
     if abs(n_gla - n_llama) / n_llama > 0.05:
         raise ValueError(f"tiny pair parameters differ by more than 5 %: GLA {n_gla:,} vs "
                          f"Llama {n_llama:,}; adjust intermediate_size or widths")
-    return gla, gla_cfg, llama
+    if "mamba2" in params:
+        n = params["mamba2"]
+        if abs(n - n_gla) / n_gla > 0.05:
+            raise ValueError(f"{NAMES['mamba2']} would have {n:,} parameters, "
+                             f"{100 * (n - n_gla) / n_gla:+.1f} % from {NAMES['gla']}'s {n_gla:,} "
+                             f"(more than 5 %); adjust mamba2.num_layers, expand or state_size")
+
+
+def build_models(cfg: TrainConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int
+                 ) -> dict[str, tuple[Any, Any]]:
+    """{kind: (model, its config)} for the pair and, with a `mamba2` block, the Mamba-2; each
+    seeded alike (so none changes another's initialisation), parameters checked."""
+    gla, gla_cfg = build_gla(cfg, vocab_size, (pad_id, bos_id, eos_id), num_heads=cfg.gla_heads)
+    llama = build_llama(cfg, vocab_size, (pad_id, bos_id, eos_id), num_heads=cfg.num_heads)
+    built = {"gla": (gla, gla_cfg), "softmax": (llama, llama.config)}
+    if cfg.mamba2 is not None:
+        m = build_mamba2(cfg, vocab_size, (pad_id, bos_id, eos_id))
+        built["mamba2"] = (m, m.config)
+    check_parameters({k: n_params(m) for k, (m, _) in built.items()})
+    return built
+
+
+def select_kinds(cfg: TrainConfig, only: Iterable[str] = ()) -> list[str]:
+    """The kinds to train, in the family's order, from model names (`--only`, repeatable); none:
+    every model the recipe defines (the pair, and the Mamba-2 when it has a `mamba2` block)."""
+    import difflib
+
+    by_name = {v: k for k, v in NAMES.items()}
+    only = list(only)
+    for n in only:
+        if n not in by_name:
+            close = difflib.get_close_matches(n, by_name, n=1)
+            raise ValueError(f"--only {n!r}: no such model"
+                             + (f" (did you mean {close[0]!r}?)" if close else "")
+                             + f"; train-tiny trains {', '.join(NAMES.values())}")
+    if not only:
+        return [k for k in NAMES if k != "mamba2" or cfg.mamba2 is not None]
+    kinds = [k for k in NAMES if NAMES[k] in only]
+    if "mamba2" in kinds and cfg.mamba2 is None:
+        raise ValueError(f"--only {NAMES['mamba2']}: the training config has no `mamba2` block "
+                         f"(configs/train_tiny.yaml has one)")
+    return kinds
 
 
 def lr_at(step: int, lr: float, warmup: int, steps: int) -> float:
@@ -119,6 +221,19 @@ def lr_at(step: int, lr: float, warmup: int, steps: int) -> float:
         return lr * (step + 1) / warmup
     t = (step - warmup) / max(1, steps - warmup)
     return lr * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def draw_batches(cfg: Recipe, pools) -> Iterator[tuple[int, list]]:
+    """Each step's (probe length, sequences), in step order: one RNG seeded by the recipe draws
+    every batch, whatever models train on it, so any subset of the family sees the same ones."""
+    rng = random.Random(cfg.seed)
+    for by_len, L in batch_schedule(cfg.stages, pools):
+        yield L, rng.sample(by_len[L], min(len(by_len[L]), max(1, cfg.batch_tokens // L)))
+
+
+def batch_seeds(pools) -> dict[int, int]:
+    """id(sequence) -> its training seed, to name what each step drew."""
+    return {id(s): first + i for first, pool in pools for i, s in enumerate(pool)}
 
 
 def batch_schedule(stages, pools, scale: float = 1.0) -> list[tuple[dict, int]]:
@@ -164,38 +279,51 @@ def train_step(model, opt, x, y, w, lr: float, answer_weight: float) -> tuple[fl
     return loss.item(), ans.item()
 
 
-def train_pair(cfg: TrainConfig, tokenizer: Any, log=print) -> dict:
+def train_models(cfg: TrainConfig, tokenizer: Any, kinds: Iterable[str] | None = None,
+                 log=print) -> dict:
+    """Train the family's models named by kind ("gla", "softmax", "mamba2"; default: all the
+    recipe defines) on the shared batches. Returns {"models": {kind: model} (the trained),
+    "history", "answer_history", "seconds" (per trained kind), "configs" and "params" (every
+    kind the recipe defines, trained or not: the cards compare them), "batches": [(probe
+    length, [seeds])] per step}."""
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
-        return _train_pair(cfg, tokenizer, log)
+        return _train_models(cfg, tokenizer, kinds, log)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train_pair(cfg: TrainConfig, tokenizer: Any, log) -> dict:
+def _train_models(cfg: TrainConfig, tokenizer: Any, kinds: Iterable[str] | None, log) -> dict:
     from evalkit.taskspec import discover
 
+    kinds = select_kinds(cfg) if kinds is None else list(kinds)
+    if set(kinds) - set(NAMES) or not kinds:
+        raise ValueError(f"train_models: kinds {kinds} should be some of {list(NAMES)}")
+    if "mamba2" in kinds and cfg.mamba2 is None:
+        raise ValueError(f"training config: no `mamba2` block, so {NAMES['mamba2']} cannot be "
+                         f"trained")
+    kinds = [k for k in NAMES if k in kinds]  # the family's order, whatever the caller's
     reg = discover(cfg.include)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    gla, gla_cfg, llama = build_pair(cfg, len(tokenizer), pad, tokenizer.bos_token_id,
-                                     tokenizer.eos_token_id)
+    built = build_models(cfg, len(tokenizer), pad, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    params = {k: n_params(m) for k, (m, _) in built.items()}
+    models = {k: built[k][0] for k in kinds}
+    log(f"training {', '.join(f'{NAMES[k]} ({params[k]:,} parameters)' for k in kinds)}")
     t0 = time.time()
     pools = stage_pools(cfg, reg, tokenizer)
     for i, (st, (first, pool)) in enumerate(zip(cfg.stages, pools)):
         log(f"stage {i + 1}: {len(pool)} sequences from {', '.join(st.tasks)} at probe lengths "
             f"{list(st.lengths)}, seeds {first}..{first + len(pool) - 1}")
     log(f"data in {time.time() - t0:.0f}s")
-    models = {"gla": gla, "softmax": llama}
     opts = {k: torch.optim.AdamW(m.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                                  weight_decay=cfg.weight_decay) for k, m in models.items()}
     history: dict[str, list[float]] = {k: [] for k in models}
     answer_history: dict[str, list[float]] = {k: [] for k in models}
     seconds = {k: 0.0 for k in models}
-    rng = random.Random(cfg.seed)
-    schedule = batch_schedule(cfg.stages, pools)
-    for step, (by_len, L) in enumerate(schedule):
-        seqs = rng.sample(by_len[L], min(len(by_len[L]), max(1, cfg.batch_tokens // L)))
+    seeds, drawn = batch_seeds(pools), []
+    for step, (L, seqs) in enumerate(draw_batches(cfg, pools)):
+        drawn.append((L, [seeds[id(s)] for s in seqs]))
         x, y, w = batch(seqs, max(len(s.ids) - 1 for s in seqs), pad, cfg.answer_weight,
                         cfg.context_weight)
         for k, m in models.items():
@@ -206,13 +334,13 @@ def _train_pair(cfg: TrainConfig, tokenizer: Any, log) -> dict:
             history[k].append(loss)
             answer_history[k].append(ans)
         if step % 10 == 0 or step == cfg.steps - 1:
-            log(f"step {step:4d} len {L:4d}  loss gla {history['gla'][-1]:.3f} softmax "
-                f"{history['softmax'][-1]:.3f}  answer-loss gla {answer_history['gla'][-1]:.3f} "
-                f"softmax {answer_history['softmax'][-1]:.3f}  "
-                f"({seconds['gla']:.0f}s / {seconds['softmax']:.0f}s)", flush=True)
-    return {"gla": (gla, gla_cfg), "softmax": llama, "history": history,
-            "answer_history": answer_history, "seconds": seconds,
-            "params": {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}}
+            log(f"step {step:4d} len {L:4d}  loss "
+                + " ".join(f"{k} {history[k][-1]:.3f}" for k in models) + "  answer-loss "
+                + " ".join(f"{k} {answer_history[k][-1]:.3f}" for k in models) + "  ("
+                + " / ".join(f"{seconds[k]:.0f}s" for k in models) + ")", flush=True)
+    return {"models": models, "configs": {k: c for k, (_, c) in built.items()},
+            "history": history, "answer_history": answer_history, "seconds": seconds,
+            "params": params, "batches": drawn}
 
 
 def stage_pools(cfg: Recipe, reg, tokenizer: Any) -> list[tuple[int, list]]:

@@ -4,9 +4,12 @@ the few tensors trained for it (`evalkit linearize`), never a copy of the parent
     folder/config.json        the twin's GLAConfig (what `evalkit state` reads)
     folder/twin.json          {"format", "name", "parent": {"model", "hash"}, "trained": [names],
                                "delta": [names], "recipe_hash"}
-    folder/twin.safetensors   exactly the tensors named in "trained", and `delta.<name>` for
-                              each name in "delta" (absent when both lists are empty: a
-                              sliding-window reference trains nothing)
+    folder/twin.safetensors   exactly the tensors named in "trained", and for each name in
+                              "delta" either `delta.<name>` (the whole difference) or its
+                              low-rank factors `delta.<name>.b` [out, r] and `delta.<name>.a`
+                              [r, in], delta = b @ a (a LoRA's: 4 MB where the whole q/k/v/o
+                              deltas of 30 layers are 106 MB); the file is absent when both
+                              lists are empty (a sliding-window reference trains nothing)
 
 "trained" are the twin's parameters the parent lacks (feature maps, gates, mixes); "delta"
 are parent tensors the end-to-end stage changed (its LoRA, merged: W_twin = W_parent + delta,
@@ -111,18 +114,50 @@ def read_meta(folder: Path) -> dict[str, Any]:
     return meta
 
 
+Delta = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # W_twin - W_parent, or (b, a): b @ a
+
+
+def delta_tensors(delta: dict[str, Delta]) -> dict[str, torch.Tensor]:
+    """twin.safetensors' entries for `delta` (fp32): `delta.<n>`, or `delta.<n>.b` and `.a`."""
+    out = {}
+    for n, d in delta.items():
+        if isinstance(d, tuple):
+            b, a = d
+            out[DELTA + n + ".b"] = b.detach().float().contiguous()
+            out[DELTA + n + ".a"] = a.detach().float().contiguous()
+        else:
+            out[DELTA + n] = d.detach().float().contiguous()
+    return out
+
+
+def read_delta(tensors: dict[str, torch.Tensor], n: str, where: Path) -> Delta:
+    """The stored delta of parent tensor `n`, popped from `tensors` (the inverse of
+    delta_tensors); missing or half-stored is an error naming the file."""
+    if DELTA + n in tensors:
+        return tensors.pop(DELTA + n)
+    b, a = tensors.pop(DELTA + n + ".b", None), tensors.pop(DELTA + n + ".a", None)
+    if b is None or a is None or b.ndim != 2 or a.ndim != 2 or b.shape[1] != a.shape[0]:
+        raise TwinError(f"{where}: delta {DELTA + n}: expected the tensor itself, or factors "
+                        f"{DELTA + n}.b [out, r] and {DELTA + n}.a [r, in]")
+    return b, a
+
+
+def full_delta(d: Delta) -> torch.Tensor:
+    return d[0].float() @ d[1].float() if isinstance(d, tuple) else d.float()
+
+
 def save_twin(folder: Path, name: str, twin: GLAForCausalLM, parent_spec: str, parent_sha: str,
               trained: list[str], recipe_hash: str,
-              delta: dict[str, torch.Tensor] | None = None) -> None:
+              delta: dict[str, Delta] | None = None) -> None:
     """Write config.json, twin.json and (when something was trained) twin.safetensors. `delta`:
-    {parent tensor name: W_twin - W_parent}, stored as given (fp32)."""
+    {parent tensor name: W_twin - W_parent, or its factors (b, a)}, stored as given (fp32)."""
     from safetensors.torch import save_file
 
     twin.config.save(folder)
     params = dict(twin.named_parameters())
     delta = delta or {}
     tensors = {**{n: params[n].detach().float().contiguous() for n in trained},
-               **{DELTA + n: d.detach().float().contiguous() for n, d in delta.items()}}
+               **delta_tensors(delta)}
     if tensors:
         save_file(tensors, str(folder / TWIN_WEIGHTS))
     meta = {"format": FORMAT, "name": name, "parent": {"model": parent_spec, "hash": parent_sha},
@@ -160,13 +195,17 @@ def load_twin(folder: str | os.PathLike, parent: GLAForCausalLM | None = None
                         f"{sorted(set(expected) ^ set(meta['trained']))[:4]} differ")
     weights = folder / TWIN_WEIGHTS
     tensors = load_file(str(weights)) if expected or meta["delta"] else {}
-    listed = sorted(expected + [DELTA + n for n in meta["delta"]])
-    if sorted(tensors) != listed:
-        raise TwinError(f"{weights}: holds {sorted(tensors)[:4]}..., expected exactly the "
-                        f"{len(listed)} tensor(s) of {TWIN_FILE}'s trained and delta lists")
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise TwinError(f"{weights}: lacks {missing[:4]} of the {len(expected)} tensor(s) of "
+                        f"{TWIN_FILE}'s trained list")
     state = parent.state_dict()
-    for n in meta["delta"]:
-        d = tensors.pop(DELTA + n)
+    deltas = {n: full_delta(read_delta(tensors, n, weights)) for n in meta["delta"]}
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        raise TwinError(f"{weights}: holds {extra[:4]}, in neither of {TWIN_FILE}'s trained "
+                        f"and delta lists")
+    for n, d in deltas.items():
         if n not in state:
             raise TwinError(f"{weights}: delta {DELTA + n}: the parent has no tensor {n!r}")
         if tuple(d.shape) != tuple(state[n].shape):

@@ -52,6 +52,10 @@ class RecurrentAdapter(HFBase):
         self._stepwise = self.model_type in ZERO_START_SCAN
         cfg_max = max_length_from_config(self.model.config)
         self.max_length = int(max_length) if max_length is not None else cfg_max
+        # a recurrent config has no positional range; evalkit's own training writes the trained
+        # length as `trained_length` (transformers keeps unknown config keys)
+        trained_length = (trained_length if trained_length is not None
+                          else getattr(self.model.config, "trained_length", None))
         self.trained_length = None if trained_length is None else int(trained_length)
         self.name = name or folder.name
         self._eos = eos_ids(self.model, self.tokenizer)

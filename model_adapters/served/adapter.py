@@ -11,6 +11,8 @@
                               one is in the identity, as `score_method`)
     abort                     from any thread: every request in flight and every later one
                               raises ServerError(cause="cancelled")
+    metered                   a block that counts the prompt tokens and requests this thread
+                              sends (the runner wraps each sample in one: its `tokens_sent`)
 
 Every request pins its sampling parameters to neutral greedy (NEUTRAL): a server fills any
 field left out from the model folder's generation_config.json (vLLM does, by default), and a
@@ -23,13 +25,22 @@ anything is sent. Every server of a list is probed (engine, version, model, cont
 scoring method) and servers that disagree are refused. The identity holds the served model's
 name, the local folder's weights and tokenizer hashes, the engine's version and fingerprint,
 never a URL or a key.
+
+What a sample costs is counted in prompt tokens sent: the state is token ids on the client, so
+every request carries its whole prompt and the server prefills all of it (the greedy prompt,
+then each scoring prompt: the context once per candidate). A server's prefix cache may reuse
+some of it, which the client cannot see; vLLM reads none for a request with prompt_logprobs
+(vllm/sampling_params.py: skip_reading_prefix_cache), so a scoring request's prompts are
+prefilled whole on vLLM whatever its cache.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from evalkit.adapter import cut_at_stop
 from evalkit.model_adapters.served.client import Client, ServerError, Timing
@@ -54,6 +65,15 @@ _STATE_DTYPES = {"float32": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": 
 class ServedState:
     """The token ids of the sequence so far (the server holds no state between requests)."""
     ids: tuple[int, ...]
+
+
+@dataclass
+class Sent:
+    """What one thread's requests sent inside `metered()`: their prompts' tokens (a request
+    of several prompts counts each) and the requests, each counted once as it is handed to
+    the client (a retry re-sends the same prompt and is not counted again)."""
+    tokens: int = 0
+    requests: int = 0
 
 
 class ServedAdapter:
@@ -89,6 +109,7 @@ class ServedAdapter:
         self._vocab = len(self.tokenizer)
         self._fingerprint = None
         self._token_forms: dict[int, tuple[str, ...]] = {}
+        self._local = threading.local()  # this thread's Sent inside metered()
         self.name = name or "served"  # until the served model's name is known
         self.served_model, self.max_length, self.server, self.score_method = self._probe_all(model)
         if max_length is not None:  # a lower limit than the server's: flag longer probes
@@ -153,7 +174,9 @@ class ServedAdapter:
         if not cfg.is_file():
             return None
         data = json.loads(cfg.read_text())
-        for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        # trained_length: what evalkit's own training writes for a model without positions
+        for key in ("trained_length", "max_position_embeddings", "n_positions",
+                    "max_sequence_length"):
             if isinstance(data.get(key), int):
                 return data[key]
         return None
@@ -211,6 +234,24 @@ class ServedAdapter:
         return {"model": getattr(self, "served_model", None),
                 "prompt": prompt if len(prompt) > 1 else prompt[0], **NEUTRAL, **kw}
 
+    @contextlib.contextmanager
+    def metered(self) -> Iterator[Sent]:
+        """Count what this thread sends inside the block (requests run on the caller's
+        thread, so concurrent samples on their own threads count apart)."""
+        sent, outer = Sent(), getattr(self._local, "sent", None)
+        self._local.sent = sent
+        try:
+            yield sent
+        finally:
+            self._local.sent = outer
+
+    def _send(self, prompts: list[list[int]]) -> None:
+        """Count a request of `prompts` (inside metered(); else nothing)."""
+        sent = getattr(self._local, "sent", None)
+        if sent is not None:
+            sent.tokens += sum(map(len, prompts))
+            sent.requests += 1
+
     def abort(self) -> None:
         """From any thread (the runner's Ctrl-C / SIGTERM): every request in flight and every
         later one raises ServerError(cause="cancelled") within about a second."""
@@ -230,7 +271,9 @@ class ServedAdapter:
         if budget < 1:
             raise ValueError(f"{self.name}: a {len(state.ids)}-token prompt leaves no room to "
                              f"answer within max_model_len {self.max_length}")
-        body = self._body([list(state.ids)], max_tokens=budget, **({"stop": list(stop)} if stop else {}))
+        prompt = [list(state.ids)]
+        body = self._body(prompt, max_tokens=budget, **({"stop": list(stop)} if stop else {}))
+        self._send(prompt)
         text, _, timing = self.client.stream_completion(body)
         return cut_at_stop(text, stop)[0], timing
 
@@ -244,6 +287,7 @@ class ServedAdapter:
             raise ValueError(f"{self.name}: cannot score an empty continuation")
         self._room(state, max(map(len, conts)) + 1, "scoring")
         prompts = [list(state.ids + c) for c in conts]
+        self._send(prompts)
         if self.score_method == "prompt_logprobs":
             out = self.client.post_json("/completions", self._body(prompts, max_tokens=1,
                                                                    prompt_logprobs=0))
