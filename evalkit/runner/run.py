@@ -28,6 +28,7 @@ from evalkit.adapter import check_identity
 from evalkit.probe import Probe, canonical_json
 from evalkit.render import Rendered, render
 from evalkit.result import SampleResult
+from evalkit.scoring import FORCED_CHOICE
 from evalkit.runner import aggregate, distributed, provenance, rundir
 from evalkit.runner import arrivals as loads
 from evalkit.runner import shard as shards
@@ -141,7 +142,7 @@ class _Session:
         if not isinstance(before, dict) or before.get("hash") in (None, mhash):
             return
         skip = {"hash", "spec", "options", "state_kind", "max_length", "trained_length",
-                "published", "forced_choice"}
+                "published", FORCED_CHOICE}  # the entry's metric switch: scoring, not model
         fields = sorted(k for k in (set(identity) | set(before)) - skip
                         if identity.get(k) != before.get(k))
         shown = "; ".join(f"{k}: {_short(before.get(k))} -> {_short(identity.get(k))}"
