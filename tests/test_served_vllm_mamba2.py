@@ -1,13 +1,13 @@
-"""The served adapter against vLLM serving a tiny random Mamba-2 (a transformers
-Mamba2ForCausalLM built here: 2 layers, hidden 128, SmolLM2's tokenizer) behind --api-key:
-parity with transformers in-process, the server killed mid-run then `--resume`d against a
-restart, and the key kept out of every file. One server serves the module (killed and started
-once more by the kill test): each start costs 60-100 s on 2 cores. Run by `make test-vllm`."""
+"""The served adapter against vLLM serving the shipped, trained recall-mamba2-tiny (a
+transformers Mamba2ForCausalLM, 7 layers, state 501,760 B, trained on the same batches as
+recall-gla-tiny by `evalkit train-tiny --only recall-mamba2-tiny`) behind --api-key: parity with
+transformers in-process, the server killed mid-run then `--resume`d against a restart, and the
+key kept out of every file. One server serves the module (killed and started once more by the
+kill test): each start costs 60-100 s on 2 cores. Run by `make test-vllm`."""
 from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,22 +30,15 @@ KILL_SAMPLES = 4
 
 
 @pytest.fixture(scope="module")
-def mamba2_dir(tmp_path_factory) -> Path:
-    vllm_python()  # skips without vLLM, before building anything
-    import torch
-    from transformers import Mamba2Config, Mamba2ForCausalLM
+def mamba2_dir() -> Path:
+    vllm_python()  # skips without vLLM
+    from evalkit.model_adapters.embedded import TINY_DIR
 
-    from evalkit.model_adapters.embedded import convert_gguf_once
-
-    tok_dir, out = convert_gguf_once(), tmp_path_factory.mktemp("mamba2")
-    torch.manual_seed(0)
-    cfg = Mamba2Config(vocab_size=49152, hidden_size=128, num_hidden_layers=2, state_size=16,
-                       expand=2, head_dim=32, num_heads=8, n_groups=1, chunk_size=64,
-                       bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True)
-    Mamba2ForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(tok_dir / name, out / name)  # SmolLM2's: 49,152 ids, the config's vocab
-    return out
+    folder = TINY_DIR / "recall-mamba2-tiny"
+    assert (folder / "model.safetensors").is_file(), (
+        f"{folder} has no weights: train them with `evalkit train-tiny --config "
+        f"configs/train_tiny.yaml --out model_adapters/tiny --only recall-mamba2-tiny`")
+    return folder
 
 
 @pytest.fixture(scope="module")
