@@ -89,8 +89,8 @@ VLLM_PORT ?= 8765
 VLLM_RESERVE_CPUS ?=
 RESERVE_ARG = $(if $(VLLM_RESERVE_CPUS),--reserve-cpus $(VLLM_RESERVE_CPUS))
 SERVED_C ?= 4
-RATES_smollm2 ?= 0.05 0.5
-RATES_mamba2 ?= 0.05 0.5
+RATES_smollm2 ?= 0.5 4
+RATES_mamba2 ?= 2 50
 CONFIG_smollm2 = configs/standard-served.yaml
 CONFIG_mamba2 = configs/standard-served-mamba2.yaml
 SERVED_smollm2 = smollm2-135m-vllm
@@ -112,12 +112,14 @@ SERVED_RUN = EVALKIT_SMOLLM2_DIR=$(SMOLLM2_DIR) EVALKIT_MAMBA2_DIR=$(MAMBA2_DIR)
     $(BIN)/evalkit run --config $(CONFIG_$(SIDE)) --cache-dir runs/served-cache --resume
 served-runs:
 	@test -n "$(CONFIG_$(SIDE))" || { echo "SIDE=$(SIDE): expected one of: $(SIDES)" >&2; exit 2; }
-	EVALKIT_SERVED_CONCURRENCY=1 $(SERVED_RUN) --output runs/served/$(SIDE)-unloaded
-	EVALKIT_SERVED_CONCURRENCY=$(SERVED_C) $(SERVED_RUN) \
+	EVALKIT_SERVED_CONCURRENCY=1 EVALKIT_SERVED_FC=true $(SERVED_RUN) \
+	    --output runs/served/$(SIDE)-unloaded
+	EVALKIT_SERVED_CONCURRENCY=$(SERVED_C) EVALKIT_SERVED_FC=false $(SERVED_RUN) \
 	    --output runs/served/$(SIDE)-closed-$(SERVED_C)
 	$(BIN)/python -m evalkit.leaderboard.sustained runs/served/$(SIDE)-closed-$(SERVED_C) \
 	    $(SERVED_$(SIDE)) --rates "$(RATES_$(SIDE))"
-	for r in $(RATES_$(SIDE)); do EVALKIT_SERVED_CONCURRENCY=$(SERVED_C) $(SERVED_RUN) \
+	for r in $(RATES_$(SIDE)); do EVALKIT_SERVED_CONCURRENCY=$(SERVED_C) EVALKIT_SERVED_FC=false \
+	    $(SERVED_RUN) \
 	    --arrivals poisson:$$r --output runs/served/$(SIDE)-poisson-$$r || exit 1; done
 
 # The MQAR mixer twins (configs/train_mqar.yaml): resumable, a member already trained by its
@@ -204,7 +206,7 @@ $(VBIN)/.installed: pyproject.toml
 setup-vllm: $(VBIN)/.installed
 
 test-vllm: setup setup-vllm  # the served-model tests against a real vLLM server on 127.0.0.1
-	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python -m pytest -q -m vllm
+	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python -m pytest -q -rs -m vllm
 
 clean:
 	rm -rf $(VENV) $(XVENV) $(VVENV) runs build *.egg-info

@@ -52,6 +52,10 @@ def test_what_cannot_be_measured_is_refused(tmp_path, capsys):
     failed = _write(tmp_path / "failed", [1.0] * 20, error="connection failed")
     with pytest.raises(ValueError, match="0 answered samples"):
         sustained(failed, "m-vllm")
+    scored = _write(tmp_path / "scored", [1.0] * 20, requests=5)
+    with pytest.raises(ValueError, match=r"sent \[5\] requests each \(forced choice on\)"):
+        sustained(scored, "m-vllm")
+    assert sustained(_write(tmp_path / "one", [1.0] * 20, requests=1), "m-vllm")[0] == 4.0
     assert main([str(run), "m-vllm", "--rates", "1 x"]) == 2
     assert "expected numbers" in capsys.readouterr().err
     assert main([str(run), "m-vllm", "--rates", "0 1"]) == 2

@@ -7,6 +7,9 @@ concurrency. An open loop offered less than that keeps up (response time near th
 time); offered more, its queue grows for as long as requests keep coming, and the response
 time from arrival with it. The served board's two Poisson rates must fall one on each side, or
 its "above saturation" column is not (make standard-served checks this between its runs).
+A sample's response time is its answer's; with forced choice on it holds its slot longer (one
+more request per candidate after the answer), so such a loop is refused: the board runs its
+loaded cells with `forced_choice: false`, one request per sample.
 
     python -m evalkit.leaderboard.sustained runs/served/mamba2/closed-4 recall-mamba2-tiny-vllm \
         --rates "2 40"
@@ -38,7 +41,14 @@ def sustained(run_dir: Path, model: str) -> tuple[float, str]:
                          f"{sorted(map(str, loads))}); the rate is read from `closed:C`")
     load = str(next(iter(loads)))
     c = int(load.split(":", 1)[1])
-    done = [float(r["latency_s"]) for r in rows if not r.get("error") and not r.get("flag")]
+    ok = [r for r in rows if not r.get("error") and not r.get("flag")]
+    extra = sorted({r.get("requests") for r in ok} - {1, None})
+    if extra:
+        raise ValueError(f"{path}: samples of {model!r} sent {extra} requests each (forced "
+                         f"choice on): the answer's response time is not the time a sample "
+                         f"held its place in the loop; run the closed loop with "
+                         f"forced_choice: false")
+    done = [float(r["latency_s"]) for r in ok]
     if len(done) < 10 or not all(math.isfinite(x) and x > 0 for x in done):
         raise ValueError(f"{path}: {len(done)} answered samples of {model!r} with a positive "
                          f"response time; at least 10 are needed to measure a rate")
