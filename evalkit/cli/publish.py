@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP
 from evalkit.leaderboard.derived import DEFAULT_THRESHOLD
+from evalkit.leaderboard.served import DEFAULT_SLO_S
 from evalkit.scoring import recall_preference
 
 
@@ -24,6 +25,9 @@ def add_parser(sub) -> None:
     p.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
                    help=f"paired bootstrap resamples per gap cell (default {DEFAULT_BOOTSTRAP})")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--slo", type=float, default=DEFAULT_SLO_S, metavar="SECONDS",
+                   help="served models' response-time objective for goodput (correct answers "
+                        f"within it per second; default {DEFAULT_SLO_S:g})")
     p.add_argument("--compare", action="append", default=[], metavar="DIR",
                    help="a drift report folder from `evalkit compare` to include "
                         "(repeatable): a README section, drift.json and drift.csv")
@@ -34,7 +38,8 @@ def run(args) -> int:
     from evalkit.leaderboard import Options, publish
 
     opts = Options(threshold=args.threshold, primary_metric=args.primary_metric,
-                   gap_pairs=tuple(args.gap), n_boot=args.bootstrap, seed=args.seed)
+                   gap_pairs=tuple(args.gap), n_boot=args.bootstrap, seed=args.seed,
+                   slo_s=args.slo)
     res = publish(args.runs, args.to, opts, compare=args.compare)
     b = res.board
     print(f"published {len(b.rows)} rows ({b.samples['model_label'].nunique()} models, "

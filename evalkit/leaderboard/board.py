@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from evalkit.bootstrap import check_resamples
-from evalkit.leaderboard import derived
+from evalkit.leaderboard import derived, served
 from evalkit.leaderboard.load import Run
 from evalkit.leaderboard.merge import Merged, merge_runs
 from evalkit.leaderboard.tables import (aggregate, by_length, cell_rows, choose_primary,
@@ -24,11 +24,13 @@ class Options:
     gap_pairs: Sequence[str] = ()          # "BASELINE:MODEL"; empty = derived.default_pairs
     n_boot: int = derived.DEFAULT_BOOTSTRAP
     seed: int = 0
+    slo_s: float = served.DEFAULT_SLO_S    # the served section's response-time objective
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"--threshold must be in (0, 1], got {self.threshold}")
         check_resamples(self.n_boot)
+        served.check_slo(self.slo_s)
 
 
 @dataclass

@@ -42,7 +42,7 @@ ALL = "all"  # the task label of the row pooled over every task
 SETTINGS = ("dtype", "state_dtype", "device", "pjrt_device", "backend", "compile", "compiled",
             "compile_backend", "batch_buckets", "length_buckets", "chunk_size", "prefill_segment",
             "prefill_chunk", "score_batch", "score_batch_bytes", "max_length", "options",
-            "transformers")
+            "transformers", scoring.FORCED_CHOICE)  # the last: a model entry's metric switch
 # Bookkeeping: derived from the rest (hash), or how the model was named (spec, name).
 IGNORED = ("hash", "spec", "name")
 

@@ -10,7 +10,7 @@ from evalkit import scoring
 from evalkit.leaderboard import derived, recall_state
 from evalkit.leaderboard.board import Board
 from evalkit.leaderboard.drift import summary_rows, summary_table
-from evalkit.leaderboard.served import served_section
+from evalkit.leaderboard.served import DEFAULT_SLO_S, served_section
 from evalkit.leaderboard.tables import beyond_trained
 from evalkit.formatting import fmt_bytes, fmt_len, markdown_table
 
@@ -73,6 +73,8 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
         extra += f" --primary-metric {o.primary_metric}"
     for p in o.gap_pairs:
         extra += f" --gap {p}"
+    if o.slo_s != DEFAULT_SLO_S:
+        extra += f" --slo {o.slo_s:g}"
     for folder, _ in drift:
         extra += f" --compare {folder}"
     w(f"Reproduce: `evalkit publish {args} --to {to}{extra}`\n")
@@ -104,7 +106,7 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
                      g, lengths, lambda r: f"{_num(r['prompt_tokens'], '{:,.0f}')} / "
                                            f"{_num(r['prompt_chars'], '{:,.0f}')}")) + "\n")
 
-    served = served_section(board.samples)
+    served = served_section(board.samples, o.slo_s)
     if served:
         w(served)
 

@@ -11,6 +11,13 @@ tester's (DESIGN.md, "Serving engines"):
   that the maximum is shown, marked "max".
 - service: from the first send to the last token; TTFT: to the first streamed token;
   attempts: requests sent per sample (1 + retries), mean and maximum.
+- goodput (per model and load, every task together): correct answers (primary recall 1) within
+  the response-time objective (`evalkit publish --slo S`), per second of the run's span. Open
+  loop: the span runs from the schedule's start to the last answer (max of due + response).
+  Closed loop of C: the span is sum(response) / C (Little's law), exact only when a sample is
+  one request; with forced choice on it also sent scoring requests after its answer, so its
+  span is unknown ("—"). vLLM's own `bench serve --goodput` counts requests within a latency
+  objective; this counts right answers within it.
 
 Runs made before response times were recorded timed their latency from the send: it is shown
 as service time, and their response time is "—" (named below the table), never passed off as
@@ -18,6 +25,7 @@ one from the arrival.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -28,6 +36,8 @@ from evalkit.leaderboard.load import SCORE_PREFIX
 from evalkit.leaderboard.tables import aggregate
 
 MIN_P99 = 100
+DEFAULT_SLO_S = 10.0
+MAX_SLO_S = 86_400.0
 KEY = ["model_label", "task_label", "target_length"]
 HEADER = ["model", "task", "length (tok)", "n", "failures", "recall", "recall answered",
           "response p50", "response p99", "service p50", "TTFT p50", "attempts"]
@@ -83,11 +93,54 @@ def served_rows(samples: pd.DataFrame) -> tuple[list[list[str]], list[str]]:
     return rows, notes
 
 
-def served_section(samples: pd.DataFrame) -> str:
+GOODPUT_HEADER = ["model", "requests", "correct", "correct within objective", "span (s)",
+                  "goodput (/s)", "offered (/s)"]
+
+
+def check_slo(slo_s: float) -> float:
+    if not (isinstance(slo_s, (int, float)) and math.isfinite(slo_s) and 0 < slo_s <= MAX_SLO_S):
+        raise ValueError(f"--slo {slo_s!r}: expected a response-time objective in seconds, "
+                         f"in (0, {MAX_SLO_S:g}]")
+    return float(slo_s)
+
+
+def goodput_rows(samples: pd.DataFrame, slo_s: float) -> list[list[str]]:
+    """One row per served model and load (see the module docstring)."""
+    sent = samples[samples["served"] & samples["flag"].isna()]
+    rows = []
+    for label, g in sent.groupby("model_label", sort=True):
+        ok = g["error"].isna() & (g[SCORE_PREFIX + "recall"] == 1.0)
+        good = ok & (g["latency_s"] <= slo_s)
+        load = str(g["arrivals"].iloc[0]) if g["arrivals"].nunique() == 1 else ""
+        span = _span(g, load)
+        offered = load.split(":", 1)[1].removesuffix("/s") if load.startswith("poisson:") else "—"
+        rows.append([label, str(len(g)), str(int(ok.sum())), str(int(good.sum())),
+                     "—" if span is None else f"{span:.1f}",
+                     "—" if span is None else f"{good.sum() / span:.3g}", offered])
+    return rows
+
+
+def _span(g: pd.DataFrame, load: str) -> float | None:
+    """Seconds the load ran for, or None where the samples cannot say."""
+    lat = g["latency_s"].astype(float)
+    if not len(g) or not lat.notna().all():
+        return None
+    if load.startswith(("poisson:", "trace:")) and g["due_s"].notna().all():
+        span = float((g["due_s"].astype(float) + lat).max())
+    elif load.startswith("closed:") and load[len("closed:"):].isdigit() and \
+            (g["requests"] == 1).all() and g["shards"].max() == 1:
+        span = float(lat.sum()) / int(load[len("closed:"):])
+    else:
+        return None
+    return span if math.isfinite(span) and span > 0 else None
+
+
+def served_section(samples: pd.DataFrame, slo_s: float = DEFAULT_SLO_S) -> str:
     """Markdown, or "" when no served model is on the board."""
     rows, notes = served_rows(samples)
     if not rows:
         return ""
+    slo_s = check_slo(slo_s)
     return ("## Served models: recall and response time\n\n"
             "Models evaluated behind an inference server (`served:URL`), under the load after "
             "`@`: a closed loop keeps C requests in flight (1: unloaded); `poisson:R/s` and "
@@ -100,7 +153,16 @@ def served_section(samples: pd.DataFrame) -> str:
             "token; attempts = requests sent per sample, mean (max). Times are this machine's "
             "and this server's, not the model's.\n\n"
             + markdown_table(HEADER, rows) + "\n"
-            + "".join(f"{n}\n\n" for n in notes))
+            + "".join(f"{n}\n\n" for n in notes)
+            + f"### Goodput: correct answers within {slo_s:g} s\n\n"
+            "Per served model and load, every task together: correct = primary recall 1 "
+            f"(failures are not); within objective = correct with a response time ≤ {slo_s:g} s "
+            "(`evalkit publish --slo S`); span = the schedule's start to its last answer "
+            "(open loop), or the sum of response times / C (closed loop of C, where each "
+            "sample was one request; — where it also sent scoring requests); goodput = "
+            "correct within the objective per second of span; offered = the open loop's "
+            "rate.\n\n"
+            + markdown_table(GOODPUT_HEADER, goodput_rows(samples, slo_s)) + "\n")
 
 
 def _recall(table: pd.DataFrame, key: tuple) -> str:
