@@ -1,7 +1,8 @@
 # Two words do everything: `make run` (the quick suite -> leaderboard/quick/) and `make test`.
 # The published board: `make standard` (configs/mqar.yaml + standard-cpu.yaml +
-# standard-twins.yaml -> leaderboard/, then configs/standard-served.yaml against a vLLM server
-# it starts -> leaderboard/served/, alone: `make standard-served`); its MQAR twins: `make
+# standard-twins.yaml -> leaderboard/, then configs/standard-served.yaml and
+# standard-served-mamba2.yaml, each against a vLLM server it starts -> leaderboard/served/,
+# alone: `make standard-served`); its MQAR twins: `make
 # train-capacity`; SmolLM2's linearized twins: `make train-twins` (both resumable, member by member).
 PYTHON ?= python3
 VENV   ?= .venv
