@@ -63,6 +63,14 @@ def test_mamba2_parity_in_process_vs_served(mamba2_server, mamba2_dir, keyed, tm
         served(mamba2_server.url, mamba2_dir, "vllm", api_key_env=keyed, concurrency=4)])
     check_parity(rows, "local", "vllm")
     assert {r["state_kind"] for r in rows} != {"kv"}  # the recurrent formula, not a KV cache
+    # the board says the same: the served rows against their in-process reference
+    assert evalkit_main(["publish", str(tmp_path / "mamba2"), "--to", str(tmp_path / "b")]) == 0
+    readme = (tmp_path / "b" / "README.md").read_text()
+    table = readme[readme.index("### Numerical tolerance"):readme.index("### Goodput")]
+    (row,) = [l for l in table.splitlines() if l.startswith("| vllm @ ")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "local" and int(cells[3]) <= 0.05 * int(cells[2])
+    assert float(cells[4].split()[0]) <= 1e-3, row
 
 
 def _cached(run_dir: Path) -> int:

@@ -177,7 +177,8 @@ def _frame(rows: list[dict], spath: Path, tasks: dict[str, dict]) -> pd.DataFram
             raise ValueError(f"{spath}:{r['_line']}: task_version {r['task_version']!r} differs "
                              f"from results.json tasks[{t!r}].version {tasks[t]['version']!r}")
         d = {k: r.get(k) for k in _SAMPLE_FIELDS if k not in
-             ("scores", "candidates", "candidate_logprobs", "gold", "prediction")}
+             ("scores", "candidates", "candidate_logprobs", "gold")}
+        d["candidate_logprobs"] = tuple(r.get("candidate_logprobs") or ())  # served drift
         d["task_version"] = str(d["task_version"])
         d["task_config_hash"] = tasks[t]["config_hash"]
         d["line"] = r["_line"]

@@ -11,6 +11,10 @@ tester's (DESIGN.md, "Serving engines"):
   that the maximum is shown, marked "max".
 - service: from the first send to the last token; TTFT: to the first streamed token;
   attempts: requests sent per sample (1 + retries), mean and maximum.
+- numerical tolerance (per model and load): the served answers against the in-process model
+  on the same probes (the board's one unserved model with those probes at the same prompt
+  token counts, i.e. the same tokenizer; none shown where several qualify): greedy answers that differ, and the largest |served minus
+  in-process| forced-choice log-probability where the served run scored candidates.
 - goodput (per model and load, every task together): correct answers (primary recall 1) within
   the response-time objective (`evalkit publish --slo S`), per second of the run's span. Open
   loop: the span runs from the schedule's start to the last answer (max of due + response).
@@ -120,6 +124,40 @@ def goodput_rows(samples: pd.DataFrame, slo_s: float) -> list[list[str]]:
     return rows
 
 
+TOLERANCE_HEADER = ["model", "in-process reference", "pairs", "answers differ",
+                    "max |Δ log p| (pairs scored)"]
+
+
+def tolerance_rows(samples: pd.DataFrame) -> list[list[str]]:
+    """One row per served model and load: its answers against the in-process reference."""
+    key = ["task", "probe_hash", "question"]
+    rows = []
+    local = samples[~samples["served"]]
+    for label, g in samples[samples["served"]].groupby("model_label", sort=True):
+        refs = [m for m, h in local.groupby("model_label") if _same_probes(g, h, key)]
+        if len(refs) != 1:
+            continue  # no in-process twin here, or several: nothing to say which
+        h = local[local["model_label"] == refs[0]]
+        both = g[g["scored"]].merge(h[h["scored"]], on=key, suffixes=("", "_ref"))
+        if both.empty:
+            continue
+        differ = int((both["prediction"] != both["prediction_ref"]).sum())
+        deltas = [abs(a - b) for x, y in zip(both["candidate_logprobs"],
+                                             both["candidate_logprobs_ref"])
+                  if x and len(x) == len(y) for a, b in zip(x, y)]
+        scored = sum(1 for x in both["candidate_logprobs"] if x)
+        rows.append([label, refs[0], str(len(both)), str(differ),
+                     f"{max(deltas):.2e} ({scored})" if deltas else "— (forced choice off)"])
+    return rows
+
+
+def _same_probes(served: pd.DataFrame, local: pd.DataFrame, key: list[str]) -> bool:
+    a = served.set_index(key)["prompt_tokens"]
+    b = local.set_index(key)["prompt_tokens"]
+    common = a.index.intersection(b.index)
+    return len(common) > 0 and bool((a[common] == b[common]).all())
+
+
 def _span(g: pd.DataFrame, load: str) -> float | None:
     """Seconds the load ran for, or None where the samples cannot say."""
     lat = g["latency_s"].astype(float)
@@ -154,6 +192,7 @@ def served_section(samples: pd.DataFrame, slo_s: float = DEFAULT_SLO_S) -> str:
             "and this server's, not the model's.\n\n"
             + markdown_table(HEADER, rows) + "\n"
             + "".join(f"{n}\n\n" for n in notes)
+            + _tolerance(samples)
             + f"### Goodput: correct answers within {slo_s:g} s\n\n"
             "Per served model and load, every task together: correct = primary recall 1 "
             f"(failures are not); within objective = correct with a response time ≤ {slo_s:g} s "
@@ -163,6 +202,19 @@ def served_section(samples: pd.DataFrame, slo_s: float = DEFAULT_SLO_S) -> str:
             "correct within the objective per second of span; offered = the open loop's "
             "rate.\n\n"
             + markdown_table(GOODPUT_HEADER, goodput_rows(samples, slo_s)) + "\n")
+
+
+def _tolerance(samples: pd.DataFrame) -> str:
+    rows = tolerance_rows(samples)
+    if not rows:
+        return ""
+    return ("### Numerical tolerance: served against in-process\n\n"
+            "Per served model and load, on the same probes as the in-process model (same "
+            "tokenizer): pairs answered by both, greedy answers that differ, and the "
+            "largest |served − in-process| forced-choice log-probability over the candidates "
+            "of the pairs scored served (in brackets). Batched kernels need not be bit-exact; "
+            "a changed answer is named in the drift reports below.\n\n"
+            + markdown_table(TOLERANCE_HEADER, rows) + "\n\n")
 
 
 def _recall(table: pd.DataFrame, key: tuple) -> str:
