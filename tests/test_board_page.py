@@ -260,3 +260,43 @@ def test_flagged_only_cell(a_run, browser, tmp_path):
     assert drawn(browser, ".heatmap .hm image") > 0
     assert errors(log + browser.get_log("browser")) == []
     screenshot(browser, tmp_path / "flagged.png")
+
+
+def test_page_opens_on_recall_vs_state_with_references_hidden(browser, tmp_path):
+    """Beside a language model the page opens on recall against state bytes, the reference
+    models (declared kind="reference") hidden in every view until the switch shows them."""
+    from evalkit.runner import resolve, run_suite
+    from evalkit.runner.suite import validate
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from helpers import TINY_TOKENIZER
+
+    suite = {"name": "refs", "models": [{"name": "oracle", "options": {"tokenizer": str(TINY_TOKENIZER)}},
+                                        "recall-gla-tiny"],
+             "tasks": [{"name": "needle", "lengths": [96], "depths": [0.5], "samples": 2}]}
+    out = run_suite(resolve(validate(suite, "test"), "test"), output=tmp_path / "run", progress=False)
+    assert out.failed == 0
+    publish([tmp_path / "run"], tmp_path / "lb")
+    log = open_offline(browser, tmp_path / "lb" / "index.html")
+    # The first section after the header is the recall-vs-state chart.
+    first = browser.execute_script("return document.querySelector('main > section').id")
+    assert first == "state"
+    assert not browser.find_element(By.ID, "show-references").is_selected()
+    assert set(table_column(browser, "model_label")) == {"recall-gla-tiny"}
+    legend = lambda: browser.execute_script(  # noqa: E731
+        "return Array.from(document.querySelectorAll('.state-chart .legendtext'))"
+        ".map(e => e.textContent)")
+    assert legend() == ["recall-gla-tiny (recurrent)"]
+    assert Select(browser.find_element(By.ID, "heatmap-model")).first_selected_option.text == \
+        "recall-gla-tiny"
+    # One click shows them everywhere; the heatmap keeps the model it showed.
+    browser.find_element(By.ID, "show-references").click()
+    assert set(table_column(browser, "model_label")) == {"oracle", "recall-gla-tiny"}
+    assert sorted(legend()) == ["oracle (memory)", "recall-gla-tiny (recurrent)"]
+    options = [o.text for o in Select(browser.find_element(By.ID, "heatmap-model")).options]
+    assert options == ["oracle", "recall-gla-tiny"]
+    assert Select(browser.find_element(By.ID, "heatmap-model")).first_selected_option.text == \
+        "recall-gla-tiny"
+    assert errors(log + browser.get_log("browser")) == []
+    screenshot(browser, tmp_path / "references.png")

@@ -70,6 +70,10 @@ def page_data(board: Board, version: str) -> dict[str, Any]:
         "n_runs": len(board.merged.runs),
         "latest": f"{latest:%Y-%m-%d %H:%M} UTC",
         "kinds": dict(sorted(board.kinds.items())),
+        # Models declared kind="reference" (oracle, forgetful: token memories that bound a
+        # task): the page hides them by default beside language models.
+        "references": sorted(m for m, i in board.identities.items()
+                             if i.get("kind") == "reference"),
         "rows": _with_interval(board.rows, ROW_FIELDS),
         "by_depth": _pooled(board, "depth"),
         "by_load": _pooled(board, "load"),

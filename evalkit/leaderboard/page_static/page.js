@@ -91,6 +91,19 @@
     D.rows.length + (D.rows.length === 1 ? " row" : " rows") + " from " + D.n_runs + " run(s), the latest from " + D.latest +
     "; published by evalkit " + D.version + ". Generated from the same rows as results.csv.";
 
+  // -- reference models: hidden by default beside language models ---------------------------------
+  // They bound a task (oracle keeps every token, forgetful a fixed n-gram memory); a board of
+  // references only shows them, since nothing else would be left.
+  var REFS = {};
+  D.references.forEach(function (m) { REFS[m] = 1; });
+  var allModels = uniq(D.rows, "model_label");
+  var hasModels = allModels.some(function (m) { return !(m in REFS); });
+  var refBox = document.getElementById("show-references");
+  refBox.checked = !hasModels;
+  document.getElementById("reference-names").textContent = D.references.join(", ");
+  if (!D.references.length || !hasModels) document.getElementById("references-toggle").hidden = true;
+  function shown(m) { return refBox.checked || !(m in REFS); }
+
   // -- results table with filters ----------------------------------------------------------------
   var FILTERS = [["task_label", "task"], ["model_label", "model"], ["state_kind", "state kind"],
                  ["target_length", "length"], ["depth", "depth"], ["load", "load"]];
@@ -129,21 +142,32 @@
   });
   function applyFilters() {
     var rows = D.rows.filter(function (r) {
-      return FILTERS.every(function (f) { var v = chosen[f[0]]; return !v || String(r[f[0]]) === v; });
+      return shown(r.model_label) &&
+        FILTERS.every(function (f) { var v = chosen[f[0]]; return !v || String(r[f[0]]) === v; });
     });
     results.set(rows);
-    document.getElementById("row-count").textContent = rows.length + " of " + D.rows.length + " rows shown";
+    document.getElementById("row-count").textContent = rows.length + " of " + D.rows.length + " rows shown" +
+      (refBox.checked || !D.references.length ? "" : " (reference models hidden)");
   }
-  applyFilters();
 
   // -- heatmaps ----------------------------------------------------------------------------------
   var tasks = uniq(D.rows, "task_label");
-  var models = uniq(D.rows, "model_label");
   var modelSel = document.getElementById("heatmap-model");
-  models.forEach(function (m) { modelSel.appendChild(el("option", {value: m}, m)); });
-  // Start on a recurrent model, the board's subject, when there is one.
-  var firstRecurrent = models.filter(function (m) { return D.kinds[m] === "recurrent"; })[0];
-  if (firstRecurrent) modelSel.value = firstRecurrent;
+  // Start on the model with cells on the most tasks, a model with a state (the board's
+  // subject) before one without, so the first view has heatmaps rather than empty tasks.
+  var STATEFUL = {recurrent: 2, hybrid: 1};
+  function taskCount(m) { return uniq(D.rows.filter(function (r) { return r.model_label === m; }), "task_label").length; }
+  function fillModels() {
+    var keep = modelSel.value;
+    var models = allModels.filter(shown);
+    modelSel.replaceChildren();
+    models.forEach(function (m) { modelSel.appendChild(el("option", {value: m}, m)); });
+    var best = models.slice().sort(function (a, b) {
+      return taskCount(b) - taskCount(a) || (STATEFUL[D.kinds[b]] || 0) - (STATEFUL[D.kinds[a]] || 0) ||
+             a.localeCompare(b);
+    })[0];
+    modelSel.value = models.indexOf(keep) >= 0 ? keep : best;
+  }
   function heatmap(div, cells, axis, axisLabel, model, task) {
     var xs = uniq(cells, "target_length"), ys = uniq(cells, axis);
     var z = ys.map(function () { return xs.map(function () { return null; }); });
@@ -186,12 +210,10 @@
     });
   }
   modelSel.addEventListener("change", drawHeatmaps);
-  drawHeatmaps();
 
   // -- recall vs. state bytes ------------------------------------------------------------------------
   var stateList = document.getElementById("state-list");
-  tasks.forEach(function (task) {
-    var pts = D.state.filter(function (p) { return p.task_label === task && p.n > 0 && p.state_bytes !== null; });
+  function stateChart(task, pts) {
     stateList.appendChild(el("h3", {}, task));
     if (!pts.length) { stateList.appendChild(el("p", {"class": "note"}, "No state bytes recorded on " + task + ".")); return; }
     var traces = uniq(pts, "model_label").map(function (m) {
@@ -214,7 +236,20 @@
       yaxis: {title: {text: "recall"}, range: [-0.05, 1.05]},
       showlegend: true, legend: {font: {size: 11}}  // named even with one model
     }, PLOT_CONFIG);
-  });
+  }
+  // The page opens here: the tasks most models answered first (MQAR's and the prose twins'
+  // sweeps on the standard board), then the rest.
+  function drawState() {
+    stateList.replaceChildren();
+    var pts = D.state.filter(function (p) { return shown(p.model_label) && p.n > 0 && p.state_bytes !== null; });
+    function of(t) { return pts.filter(function (p) { return p.task_label === t; }); }
+    function nModels(t) { return uniq(of(t), "model_label").length; }
+    tasks.slice().sort(function (a, b) { return nModels(b) - nModels(a) || a.localeCompare(b); })
+      .forEach(function (t) { stateChart(t, of(t)); });
+  }
+  function drawAll() { drawState(); applyFilters(); fillModels(); drawHeatmaps(); }
+  refBox.addEventListener("change", drawAll);
+  drawAll();
 
   // -- gap table --------------------------------------------------------------------------------------
   function excludesZero(g) { return g.ci_low !== null && g.ci_high !== null && (g.ci_low > 0 || g.ci_high < 0); }
