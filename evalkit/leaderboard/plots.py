@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from evalkit.cell_stats import wilson
 from evalkit.formatting import fmt_bytes, fmt_len
 from evalkit.leaderboard.derived import KNEE_LEVEL, logistic
+from evalkit.leaderboard.published import PublishedCurve
 from evalkit.leaderboard.tables import aggregate
 
 _DPI = 110
@@ -137,7 +138,10 @@ def recall_vs_load(samples: pd.DataFrame, knees: pd.DataFrame, task: str,
 # -- 3. recall vs. context length -----------------------------------------------------------
 
 def recall_vs_length(by_len: pd.DataFrame, task: str, path: Path, threshold: float,
-                     use_chars: bool) -> Path | None:
+                     use_chars: bool, published: Sequence[PublishedCurve] = ()) -> Path | None:
+    """Recall per model against context length; `published` curves (published.curves_for)
+    drawn beside ours, hollow and dashed, labelled as theirs (on the token axis only: their
+    characters are unknown)."""
     t = by_len[(by_len["task_label"] == task) & (by_len["n"] > 0)]
     if t["target_length"].nunique() < 2:
         return None
@@ -149,16 +153,24 @@ def recall_vs_length(by_len: pd.DataFrame, task: str, path: Path, threshold: flo
         g = g.sort_values(x)
         ax.errorbar(g[x], g["recall"], yerr=g["recall_stderr"].fillna(0), fmt="o-",
                     color=colors[m], label=m, ms=4, capsize=2)
+    ticks = set(t["target_length"].unique())
+    for c, marker in zip(() if use_chars else published, "^v<>sp"):
+        ax.plot(c.lengths, c.recall, ls="--", marker=marker, mfc="none", color="black", lw=0.9,
+                ms=5, label=c.label)
+        ticks |= set(c.lengths)
     ax.axhline(threshold, color="grey", lw=0.8, ls="--", label=f"threshold {threshold:g}")
     ax.set_xscale("log", base=2)
     if not use_chars:
-        _int_ticks(ax, sorted(t["target_length"].unique()), fmt_len)
+        _int_ticks(ax, sorted(ticks), fmt_len)
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("prompt length (characters; tokenizers differ)" if use_chars
                   else "context length (model tokens)")
     ax.set_ylabel("recall")
     ax.set_title(f"{task}: recall vs. context length")
-    ax.legend(fontsize=7)
+    if published and not use_chars:  # more labels than the plot has free corners
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    else:
+        ax.legend(fontsize=7)
     return _save(fig, path)
 
 
@@ -371,6 +383,7 @@ def recall_vs_distance(samples: pd.DataFrame, identities: dict, task: str,
     per = recall_by_distance(samples, task)
     windows = {m: identities.get(m, {}).get("window") for m in per["model_label"].unique()}
     windows = {m: w for m, w in windows.items() if isinstance(w, int) and w > 0}
+    sinks = {m: identities.get(m, {}).get("sinks") or 0 for m in windows}
     if not windows or per["bin"].nunique() < 3:
         return None
     colors = model_colors(samples["model_label"].unique())
@@ -384,8 +397,11 @@ def recall_vs_distance(samples: pd.DataFrame, identities: dict, task: str,
         ax.axvline(w, color="grey", ls=":", lw=1)
         ax.annotate(f"W = {w}", (w, 1.04), ha="center", fontsize=7, color="grey",
                     annotation_clip=False)
-        who = ", ".join(m for m, v in windows.items() if v == w)
-        ax.plot([], [], ls=":", color="grey", label=f"W = {w}: {who}")
+        for n_sinks in sorted({sinks[m] for m, v in windows.items() if v == w}):
+            # sinks sit at the context's start, not at a distance: they are named, not drawn
+            who = ", ".join(m for m, v in windows.items() if v == w and sinks[m] == n_sinks)
+            ax.plot([], [], ls=":", color="grey",
+                    label=f"W = {w}" + (f", S = {n_sinks} sinks" if n_sinks else "") + f": {who}")
     ax.set_xscale("log", base=2)
     edges = sorted(per["bin"].unique())
     _int_ticks(ax, edges + [edges[-1] * 2], fmt_len)

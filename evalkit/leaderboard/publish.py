@@ -24,7 +24,7 @@ from evalkit import __version__, atomic
 from evalkit.formatting import slug
 from evalkit.owned_folder import building, locked, refuse_foreign
 from evalkit.leaderboard import plots as P
-from evalkit.leaderboard import recall_state
+from evalkit.leaderboard import published, recall_state
 from evalkit.leaderboard.board import Board, Options, build, records
 from evalkit.leaderboard.derived import KNEE_LEVEL
 from evalkit.leaderboard.drift import read_report, summary_rows, to_json
@@ -217,6 +217,9 @@ def draw_plots(board: Board, out: Path) -> tuple[dict[str, list[tuple[str, str]]
     skipped: list[str] = []
     o = board.options
 
+    def models_of(task: str) -> set[str]:
+        return set(board.samples.loc[board.samples["task_label"] == task, "model_label"])
+
     def add(section: str, title: str, name: str, fn, why: str) -> None:
         path = fn(out / "plots" / name)  # None: the data for this figure is absent
         if path is None:
@@ -231,8 +234,9 @@ def draw_plots(board: Board, out: Path) -> tuple[dict[str, list[tuple[str, str]]
                                                                        task, p),
             why="no state bytes recorded")
         add("Recall vs. context length", f"{task}: recall vs. context length",
-            f"length-{s}.png", lambda p: P.recall_vs_length(board.by_length, task, p, o.threshold,
-                                                             board.use_chars.get(task, False)),
+            f"length-{s}.png", lambda p: P.recall_vs_length(
+                board.by_length, task, p, o.threshold, board.use_chars.get(task, False),
+                published.curves_for(task, board.identities, models_of(task))),
             why="fewer than two lengths scored")
         add("Needle heatmaps (depth x length)", f"{task}: depth x length heatmap",
             f"heatmap-{s}.png", lambda p: P.depth_length_heatmaps(board.samples, task, p),

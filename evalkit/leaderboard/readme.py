@@ -7,7 +7,7 @@ from typing import Sequence
 import pandas as pd
 
 from evalkit import scoring
-from evalkit.leaderboard import derived, recall_state
+from evalkit.leaderboard import derived, published, recall_state
 from evalkit.leaderboard.board import Board
 from evalkit.leaderboard.drift import summary_rows, summary_table
 from evalkit.leaderboard.served import DEFAULT_SLO_S, served_section
@@ -277,8 +277,11 @@ def how_to_read(o) -> str:
     """The definitions section (Markdown), shared by the README and the page (page.py)."""
     preference = "\n".join(f"  - `{m}`: {scoring.get(m).summary}"
                             for m in scoring.recall_preference())
+    theirs = "\n".join(f"  - {c.model}, {c.source}, task `{c.task}`: "
+                        + ", ".join(f"{fmt_len(n)} {r:.3f}" for n, r in zip(c.lengths, c.recall))
+                        + f" ({c.checked})" for c in published.CURVES)
     return HOW_TO_READ.format(threshold=o.threshold, knee=derived.KNEE_LEVEL, n_boot=o.n_boot,
-                              seed=o.seed, preference=preference)
+                              seed=o.seed, preference=preference, published=theirs)
 
 
 HOW_TO_READ = """## How to read
@@ -325,7 +328,12 @@ HOW_TO_READ = """## How to read
   question; samples are pooled in octave bins [2^b, 2^(b+1)) with a 95 % Wilson interval per
   bin. A dotted line marks each model's exact window W (a linearized twin's softmax window or
   a sliding window): facts left of it are seen exactly, those right of it only through the
-  model's state, or not at all. Drawn where some model of the task has a window.
+  model's state, or not at all; S sinks (a twin's first S tokens, kept exact at the context's
+  start) are named beside W. Drawn where some model of the task has a window.
+- **Theirs** (hollow markers, dashed, in recall vs. context length): a paper's figure drawn
+  beside ours where the board holds the models it speaks to, at their context lengths in
+  their own tokens, with their scale and training: compare shapes, not points.
+{published}
 - **Merging**: each cell (model identity, task, task version, task config hash, length, depth,
   load) comes from one run: the newest (results.json `created`; on a tie, the one given
   later). Runs with different task versions or config hashes, or different model hashes under
