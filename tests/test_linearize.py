@@ -115,6 +115,11 @@ def test_family_folders(built):
     nll_t, nll_p = p["twin"]["nll_by_position"], p["parent"]["nll_by_position"]
     assert max(abs(a - b) for a, b in zip(nll_t[:W], nll_p[:W])) < 1e-3
     assert nll_t[W:] != nll_p[W:]
+    # with its state off: the twin itself inside the window, its sinks and window alone past it
+    off = p["state_off"]["nll_by_position"]
+    assert max(abs(a - b) for a, b in zip(off[:W], nll_t[:W])) < 1e-3 and off[W:] != nll_t[W:]
+    swa = json.loads((out / "toy-swa-w16" / "train_log.json").read_text())
+    assert all("state_off" not in v for v in swa["perplexity"].values())  # it has no state
     derived = json.loads((out / "toy-gla-w16-attn1" / "train_log.json").read_text())
     worst = max(log["heldout_transfer"], key=lambda i: log["heldout_transfer"][i][1])
     assert derived["kept_attention"] == [int(worst)]
@@ -170,6 +175,35 @@ def test_second_run_is_current(built, parent_dir):
     lines: list[str] = []
     assert linearize_family(recipe, f"hf:{parent_dir}", out, log=lines.append) == {
         n: "current" for n in ("toy-gla-w16", "toy-gla-w16-attn1", "toy-swa-w16")}
+
+
+def test_state_off_perplexity_added_to_a_current_twin(built, parent_dir, tmp_path):
+    """A twin built before the state-off perplexity existed gets it on the next run: its log
+    and card only, the weights untouched."""
+    out, recipe, _, _ = built
+    shutil.copytree(out / "toy-gla-w16", tmp_path / "toy-gla-w16")
+    path = tmp_path / "toy-gla-w16" / "train_log.json"
+    full = json.loads(path.read_text())
+    old = json.loads(path.read_text())
+    for v in old["perplexity"].values():
+        del v["state_off"]
+    path.write_text(json.dumps(old))
+    weights = (tmp_path / "toy-gla-w16" / "twin.safetensors").read_bytes()
+    lines: list[str] = []
+    only = Recipe.model_validate({**recipe.model_dump(mode="json"), "twins": [
+        t for t in recipe.model_dump(mode="json")["twins"] if t["name"] == "toy-gla-w16"]})
+    assert linearize_family(only, f"hf:{parent_dir}", tmp_path, log=lines.append) == {
+        "toy-gla-w16": "current"}
+    assert any("state-off perplexity added" in line for line in lines)
+    again = json.loads(path.read_text())
+    for L, v in again["perplexity"].items():
+        assert v["state_off"]["ppl"] == pytest.approx(full["perplexity"][L]["state_off"]["ppl"],
+                                                      rel=1e-6)
+    assert (tmp_path / "toy-gla-w16" / "twin.safetensors").read_bytes() == weights
+    assert "twin, state off" in (tmp_path / "toy-gla-w16" / "README.md").read_text()
+    lines.clear()  # measured once: the next run only skips it
+    linearize_family(only, f"hf:{parent_dir}", tmp_path, log=lines.append)
+    assert not any("added" in line for line in lines)
 
 
 def test_killed_run_resumes_to_the_same_tensors(built, parent_dir, corpus_roots, tmp_path,

@@ -70,14 +70,19 @@ def _kl_panel(ax, e2e: dict) -> None:
 
 
 def _ppl_table(log: dict) -> str:
-    rows = ["| tokens | documents | parent | twin | twin, tokens inside the window | twin, past it | twin / parent |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for L, v in sorted(log["perplexity"].items(), key=lambda kv: int(kv[0])):
+    items = sorted(log["perplexity"].items(), key=lambda kv: int(kv[0]))
+    off = all("state_off" in v for _, v in items)  # a twin with a state, measured without it
+    rows = ["| tokens | documents | parent | twin | twin, tokens inside the window | twin, past it | twin / parent |"
+            + (" twin, state off | state off / parent |" if off else ""),
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if off else "")]
+    for L, v in items:
         t, p = v["twin"], v["parent"]
         inside = f"{t['ppl_inside_window']:.2f}" if "ppl_inside_window" in t else "-"
         past = f"{t['ppl_past_window']:.2f}" if "ppl_past_window" in t else "-"
         rows.append(f"| {int(L):,} | {len(v['documents'])} | {p['ppl']:.2f} | {t['ppl']:.2f} | "
-                    f"{inside} | {past} | {t['ppl'] / p['ppl']:.3f} |")
+                    f"{inside} | {past} | {t['ppl'] / p['ppl']:.3f} |"
+                    + (f" {v['state_off']['ppl']:.2f} | {v['state_off']['ppl'] / p['ppl']:.3f} |"
+                       if off else ""))
     return "\n".join(rows)
 
 
@@ -194,7 +199,8 @@ and a parent whose weights differ is refused.
 
 Documents of the corpus's held-out split (never trained on), each scored from its start;
 "inside the window" counts tokens whose whole context fits in the sinks and the window,
-where the twin equals its parent before the end-to-end stage.
+where the twin equals its parent before the end-to-end stage; "state off": the same twin
+with its state switched off (`--model-args state_off=true`), what it predicts without it.
 
 {_ppl_table(log)}
 

@@ -16,8 +16,10 @@ For each member, in recipe order (a derived twin after its source):
   window    the parent with every layer's attention limited to the first `sinks` and the last
             `window` tokens.
 Every member is then scored: held-out relative error per layer (what the twin's layers lose
-against the parent's), held-out perplexity beside the parent's; its folder (gla/twin.py) gets a
-model card, train_log.json and a plot, and is swapped in whole.
+against the parent's), held-out perplexity beside the parent's and, for a twin with a state,
+beside its own with the state switched off; its folder (gla/twin.py) gets a model card,
+train_log.json and a plot, and is swapped in whole. A current member built before the state-off
+perplexity existed gets it added to its log and card (its weights untouched).
 """
 from __future__ import annotations
 
@@ -282,7 +284,9 @@ def linearize_family(recipe: Recipe, parent_spec: str, out: Path, only: Sequence
     for m in todo:
         h = recipe.member_hash(m)
         if is_current(out / m.name, h, fam.parent_sha):
-            log(f"{m.name}: current (recipe {h[:12]}), skipped")
+            added = add_state_off_perplexity(fam, out / m.name)
+            log(f"{m.name}: current (recipe {h[:12]}), skipped"
+                + ("; its state-off perplexity added to its card" if added else ""))
             status[m.name] = "current"
             continue
         out.mkdir(parents=True, exist_ok=True)
@@ -299,6 +303,50 @@ def linearize_family(recipe: Recipe, parent_spec: str, out: Path, only: Sequence
     return status
 
 
+def state_off_perplexity(twin: GLAForCausalLM, fam: Family) -> dict[str, dict] | None:
+    """Held-out perplexity of `twin` with its state switched off (its own weights, exact
+    attention over the sinks and the window only), per length; None for a model without a
+    state. Beside the twin's own, what the state adds to language: a window + state hybrid can
+    learn to ignore its state (arXiv 2510.05901), and only this row shows it."""
+    cfg = twin.config
+    layers = [b.attn for mixer, b in zip(cfg.mixers, twin.model.layers)
+              if mixer == "window_linear"]
+    if not layers:
+        return None
+    window = cfg.window_linear_spec["window"] + cfg.sinks
+    for a in layers:
+        a.state_off = True
+    try:
+        with torch.no_grad():
+            return {str(L): perplexity(twin, s, window) for L, (s, _) in fam.ppl_seqs.items()}
+    finally:
+        for a in layers:
+            a.state_off = False
+
+
+def add_state_off_perplexity(fam: Family, folder: Path) -> bool:
+    """Give a current twin's train_log.json and card its state-off perplexity when they lack
+    it (built before it was measured). The weights and twin.json stay as they are; each file is
+    replaced atomically, the log last, so an interrupted call is redone by the next."""
+    from evalkit.training.linearize_card import member_card
+
+    path = folder / "train_log.json"
+    log = json.loads(path.read_text())
+    ppl = log.get("perplexity") or {}
+    if not log.get("state") or all("state_off" in v for v in ppl.values()):
+        return False  # no state to switch off (a window-only member), or already measured
+    if {str(L) for L in fam.ppl_seqs} != set(ppl):
+        raise ValueError(f"{path}: perplexity at {sorted(ppl, key=int)} tokens, the recipe "
+                         f"scores {sorted(fam.ppl_seqs)}: rebuild the twin to compare")
+    twin, _, _ = load_twin(folder, fam.parent)
+    fam.log(f"{folder.name}: held-out perplexity with the state off ...")
+    for L, v in (state_off_perplexity(twin, fam) or {}).items():
+        ppl[L]["state_off"] = v
+    atomic.write_text(folder / "README.md", member_card(log))
+    atomic.write_json(path, log)  # last: the log is what says it is done
+    return True
+
+
 def _finish(fam: Family, m: Member, twin: GLAForCausalLM, info: dict,
             delta: dict[str, torch.Tensor], stage: Path, out: Path, member_hash: str,
             recipe_path: str, seconds: float) -> None:
@@ -312,6 +360,8 @@ def _finish(fam: Family, m: Member, twin: GLAForCausalLM, info: dict,
     ppl = {str(L): {"parent": fam.parent_ppl()[L], "twin": perplexity(twin, s, window + sinks),
                     "documents": names}
            for L, (s, names) in fam.ppl_seqs.items()}
+    for L, v in (state_off_perplexity(twin, fam) or {}).items():
+        ppl[L]["state_off"] = v
     log = {"name": m.name, "kind": m.kind, "member": m.model_dump(mode="json"),
            "recipe": fam.recipe.model_dump(mode="json"), "recipe_path": recipe_path,
            "recipe_hash": member_hash, "parent": fam.parent_spec, "parent_hash": fam.parent_sha,
