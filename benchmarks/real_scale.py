@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from evalkit import cost
+from evalkit import cost, cost_model
 
 ROOT = Path(__file__).resolve().parents[1]
 LAPLACE = ROOT / "configs" / "models" / "laplace-3b.json"
@@ -73,12 +73,12 @@ def model_config(name: str, layers: int | None, max_len: int):
 def measure(name: str, args) -> dict:
     contexts = sorted(set(args.contexts) | set(args.prefill_contexts))
     cfg = model_config(name, args.layers, max(contexts) + args.decode + 2)
-    cm = cost.build_cost_model(cfg, args.dtype, name=name)
+    cm = cost_model.build_cost_model(cfg, args.dtype, name=name)
     t0 = time.perf_counter()
     try:
         res = cost.measure_cost(cm, contexts, decode=args.decode, decode_contexts=args.contexts,
                                 prefill_contexts=args.prefill_contexts, threads=args.threads)
-    except cost.CostError as e:
+    except cost_model.CostError as e:
         return {"model": name, "refused": str(e)}
     res["seconds"] = time.perf_counter() - t0
     res["rows"] = {r["context"]: r for r in res["rows"]}
@@ -116,7 +116,7 @@ def model_figures(name: str, res: dict, args) -> dict:
         f"{rows[t]['prefill_fraction_2n']:.1%})" for t in sorted(args.prefill_contexts)))
     peak = {t: rows[t]["peak_memory_bytes"] for t in c}
     fig["peak_memory_ratio"] = peak[c[-1]] / max(peak[c[0]], 1)
-    print(f"  peak memory added by the prefill: " + ", ".join(
+    print("  peak memory added by the prefill: " + ", ".join(
         f"{t:,}: {peak[t] / 2 ** 20:,.0f} MiB" for t in c)
         + f"; {c[-1]:,}/{c[0]:,} = {fig['peak_memory_ratio']:.3f}x")
     st = rows[near8k]
@@ -193,20 +193,20 @@ def main(argv=None) -> int:
     unknown = [m for m in names if m not in MODELS]
     try:
         if unknown or not names:
-            raise cost.CostError(f"--models: unknown {', '.join(unknown) or '(none given)'}; "
+            raise cost_model.CostError(f"--models: unknown {', '.join(unknown) or '(none given)'}; "
                                  f"expected some of {', '.join(MODELS)}")
         if args.layers is not None and not 1 <= args.layers <= 24:
-            raise cost.CostError(f"--layers must be between 1 and 24, got {args.layers}")
+            raise cost_model.CostError(f"--layers must be between 1 and 24, got {args.layers}")
         if len(args.contexts) < 2:
-            raise cost.CostError("--contexts: give at least two lengths (ratios to the shortest)")
+            raise cost_model.CostError("--contexts: give at least two lengths (ratios to the shortest)")
         args.contexts = cost.check_contexts(args.contexts)
         args.prefill_contexts = cost.check_contexts(args.prefill_contexts, "--prefill-contexts")
         cost.check_decode(args.decode)
         if args.decode < 1:
-            raise cost.CostError("--decode must be at least 1 here (decode ratios are a figure)")
+            raise cost_model.CostError("--decode must be at least 1 here (decode ratios are a figure)")
         cost.check_threads(args.threads)
-        cost.check_dtype(args.dtype)
-    except cost.CostError as e:
+        cost_model.check_dtype(args.dtype)
+    except cost_model.CostError as e:
         print(f"real_scale: error: {e}", file=sys.stderr)
         return 2
     print(f"real-scale benchmark: {', '.join(names)}; contexts {args.contexts}, prefill "

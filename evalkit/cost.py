@@ -50,9 +50,7 @@ from typing import Callable, Sequence
 
 import torch
 
-# the model side (and the names `evalkit cost` and the benchmark use) live in cost_model
-from evalkit.cost_model import (DTYPES, SEGMENT, CostError, CostModel, Shape,  # noqa: F401
-                                build_cost_model, check_dtype, resolve_config)
+from evalkit.cost_model import SEGMENT, CostError, CostModel
 from evalkit.model_adapters.dtypes import dtype_name
 from evalkit.probe import MAX_LENGTH
 from evalkit.state_kind import StateBytes

@@ -281,7 +281,7 @@ def _hf_cost_model(name: str, config, dt: torch.dtype, weights: Path | None) -> 
     text = config.get_text_config(decoder=True)
     with _empty_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dt,
-                                                 attn_implementation=_attn_impl(config))
+                                                 attn_implementation="sdpa")
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
@@ -300,10 +300,6 @@ def _hf_cost_model(name: str, config, dt: torch.dtype, weights: Path | None) -> 
                                           + SEGMENT * T * 4))
     cm = CostModel(name, "hf", config, dt, shape, model, weights)
     return cm
-
-
-def _attn_impl(config) -> str:
-    return "sdpa"
 
 
 def _attention_layers(text) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 ROLES = (None, "system", "user", "assistant")
@@ -157,6 +157,3 @@ def content_hash(probe: Probe) -> str:
     d.pop("hash")
     return hashlib.sha256(canonical_json(d).encode()).hexdigest()
 
-
-def probe_fields() -> list[str]:
-    return [f.name for f in fields(Probe)]

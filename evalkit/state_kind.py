@@ -16,9 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STATE_KINDS = ("recurrent", "hybrid", "kv", "kv-window", "memory")
-
-
 @dataclass(frozen=True)
 class StateBytes:
     """Bytes of one sequence's state, split by how they grow with the context."""

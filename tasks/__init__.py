@@ -1,8 +1,10 @@
 """Built-in task plugins, installed as `evalkit.tasks`.
 
 Each `*.yaml` file here is a task spec (see evalkit.taskspec) that points at a generator:
-needle.py (needles in a haystack), multikey.py (key -> value facts, load sweeps, MQAR-like),
-conversation.py (facts stated and updated in a chat). They build their probes with the kit in
-evalkit.probes (haystacks, value makers, exact-length fitting, the stop convention).
-build_tokenizer.py builds the shared tiny tokenizer in model_adapters/tiny/tokenizer/.
+needle.py (needles in a haystack), multikey.py (key -> value facts, load sweeps),
+conversation.py (facts stated and updated in a chat), mqar.py (Zoology's multi-query
+associative recall on token ids). They build their probes with the kit in evalkit.probes
+(haystacks, value makers, exact-length fitting, the stop convention). build_tokenizer.py and
+build_mqar_tokenizer.py build the shipped tokenizers in model_adapters/tiny/tokenizer/ and
+model_adapters/mqar/tokenizer/ (tokenizer_build.py: their shared command line, `--check`).
 """

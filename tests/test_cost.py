@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from evalkit import cost
+from evalkit import cost, cost_model
 from evalkit.cli import main
 
 GLA = {"model_type": "gla", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
@@ -75,7 +75,7 @@ def test_llama_cost_kv_grows(configs, capsys):
 def test_each_prefill_only_where_its_figures_are_asked(configs):
     """The benchmark's split: a prefill-only context is timed once, a decode-only context gets
     only the peak-memory prefill and the decode steps; both measure the state."""
-    cm = cost.build_cost_model(configs["llama"], "bf16")
+    cm = cost_model.build_cost_model(configs["llama"], "bf16")
     res = cost.measure_cost(cm, [32, 64, 128], decode=2, prefill_contexts=[32, 128],
                             decode_contexts=[64, 128], threads=1, progress=False)
     rows = {r["context"]: r for r in res["rows"]}
@@ -88,9 +88,9 @@ def test_each_prefill_only_where_its_figures_are_asked(configs):
     assert rows[64]["decode_ratio"] == 1.0  # ratios to the shortest decode context
     for r in rows.values():
         assert r["state_bytes_measured"] == r["state_bytes_formula"] == 2 * 2 * 2 * 16 * r["context"] * 2
-    with pytest.raises(cost.CostError, match=r"contexts \[64\] are in neither"):
+    with pytest.raises(cost_model.CostError, match=r"contexts \[64\] are in neither"):
         cost.measure_cost(cm, [32, 64], prefill_contexts=[32], decode_contexts=[32], progress=False)
-    with pytest.raises(cost.CostError, match=r"\[256\] are not among the contexts"):
+    with pytest.raises(cost_model.CostError, match=r"\[256\] are not among the contexts"):
         cost.measure_cost(cm, [32], decode_contexts=[32, 256], progress=False)
 
 
@@ -124,7 +124,7 @@ def test_over_memory_refused_before_allocating(configs, capsys, monkeypatch):
     """An absurd context against the machine's real available memory: refused with the need,
     before any weight is materialised."""
     built = []
-    monkeypatch.setattr(cost.CostModel, "materialise", lambda self, seed=0: built.append(1))
+    monkeypatch.setattr(cost_model.CostModel, "materialise", lambda self, seed=0: built.append(1))
     wide = dict(LLAMA, hidden_size=4096, num_attention_heads=32, num_key_value_heads=32,
                 intermediate_size=128, vocab_size=256)
     path = configs["llama"].replace("llama.json", "wide.json")
@@ -146,7 +146,7 @@ def test_unknown_and_configless_models(capsys):
 
 def test_laplace_formula_without_allocating():
     """The registered 3B config resolves, and its figures come from the meta model alone."""
-    cm = cost.build_cost_model("laplace", "bf16")
+    cm = cost_model.build_cost_model("laplace", "bf16")
     assert all(p.is_meta for p in cm.model.parameters())
     assert cm.parameters() == 3_029_243_904
     # held in fp32: twice the brief's bf16 figure of 29,491,200 B

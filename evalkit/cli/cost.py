@@ -41,14 +41,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from evalkit import cost
+    from evalkit import cost, cost_model
 
     contexts = cost.check_contexts(args.contexts)
     decode = cost.check_decode(args.decode)
     threads = cost.check_threads(args.threads)
-    cost.check_dtype(args.dtype)
+    cost_model.check_dtype(args.dtype)
     max_memory = cost.parse_bytes(args.max_memory) if args.max_memory is not None else None
-    cm = cost.build_cost_model(args.model, args.dtype)
+    cm = cost_model.build_cost_model(args.model, args.dtype)
     res = cost.measure_cost(cm, contexts, decode=decode, threads=threads, max_memory=max_memory,
                             seed=args.seed)
     if args.json:

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PARTS = ("fixed", "window", "growing", "total")
-
-
 def _parts(sb) -> dict:
     return {"fixed": sb.fixed, "window": sb.window, "growing": sb.growing, "total": sb.total,
             "kind": sb.kind}

@@ -120,9 +120,9 @@ def _needs(cfg: dict) -> Iterator[Need]:
         remote = [f for f in _strings(kwargs.get("data_files")) if "://" in f]
         if remote:
             yield Need(f"the data files {', '.join(remote)}", "those URLs",
-                       f"download them once and point dataset_kwargs.data_files at the "
-                       f"local files (a task YAML of your own, run with "
-                       f"`evalkit-lm-eval run --include_path <its folder>`)")
+                       "download them once and point dataset_kwargs.data_files at the "
+                       "local files (a task YAML of your own, run with "
+                       "`evalkit-lm-eval run --include_path <its folder>`)")
         return
     need = _hub_need(path, cfg.get("dataset_name"))
     if need:

@@ -27,7 +27,7 @@ import json
 import platform
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 

@@ -19,8 +19,6 @@ two-layer MQAR models (mixers.py). The state a sequence carries is in state.py.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -30,10 +28,6 @@ from evalkit.model_adapters.gla.mixers import Attention, GatedConv, ShortConvolu
 from evalkit.model_adapters.gla.ops import chunk_gla, fused_recurrent_gla, naive_recurrent_gla
 from evalkit.model_adapters.gla.state import STATE_DTYPE, GLAState, LayerState
 from evalkit.model_adapters.gla.window_linear import WindowLinearAttention
-
-OPS: dict[str, Callable] = {"chunk": chunk_gla, "naive": naive_recurrent_gla,
-                            "fused_recurrent": fused_recurrent_gla}
-
 
 # ---------------------------------------------------------------------------------------
 # Modules

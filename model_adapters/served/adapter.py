@@ -57,8 +57,6 @@ ECHO = {"max_tokens": 1, "echo": True, "logprobs": 0}
 # penalties at their identity values; a fixed seed for engines that sample anyway.
 NEUTRAL = {"temperature": 0, "top_p": 1, "top_k": -1, "min_p": 0, "repetition_penalty": 1,
            "frequency_penalty": 0, "presence_penalty": 0, "seed": 0}
-_STATE_DTYPES = {"float32": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16",
-                 "float16": "fp16", "fp16": "fp16", "half": "fp16"}
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from httpx_sse import EventSource, SSEError
 from tenacity import (AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay,
                       wait_exponential_jitter)
 
-from evalkit.model_adapters.served.urls import clean_url, is_loopback, public_url  # noqa: F401
+from evalkit.model_adapters.served.urls import clean_url, is_loopback
 
 MAX_RETRIES = 20
 MAX_TIMEOUT_S = 3600.0
