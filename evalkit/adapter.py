@@ -11,16 +11,48 @@ Ownership rules (the runner relies on them):
 - `generate`, `score` and `state_bytes` never change the state they are given.
 - `fork` returns an independent copy: extending one never changes the other.
 
-Two optional methods, read with getattr since a plain adapter does without them:
-`prefill_batch(batch)` (real batching; see prefill_batch below) and `state_parts(state)` (the
-state's bytes split into fixed / window / growing, an evalkit.state_kind.StateBytes; without
-it a sample records `state_bytes` and the adapter's `state_kind`).
+Optional capabilities are declared, never probed: every adapter has these three attributes,
+None where it lacks the capability (AdapterBase gives the Nones; load_model checks them once):
+- `serving`: a Serving when the model answers behind a server (requests in flight, each timed
+  and metered); the runner, the executor and the board ask this one attribute;
+- `prefill_batch(batch)`: real batching (see prefill_batch below);
+- `state_parts(state)`: the state's bytes split into fixed / window / growing (an
+  evalkit.state_kind.StateBytes, or None when unknown); without it a sample records
+  `state_bytes` and the adapter's `state_kind`;
+- `num_parameters()`: the weights' parameter count (what lm-eval's model info reports).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass
+from typing import (Any, Callable, Collection, ContextManager, Protocol, Sequence,
+                    runtime_checkable)
 
 State = Any
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What a model behind a server adds to the protocol. `generate_timed(state, max_new_tokens,
+    stop=None) -> (text, Timing)` is generate() with the request's timing (TTFT, service,
+    attempts); `metered()` is a context manager yielding what the requests inside it sent
+    (`.tokens`, `.requests`); `abort()`, from any thread, ends every request in flight
+    (Ctrl-C, SIGTERM); `concurrency` is how many requests a closed loop keeps in flight."""
+    concurrency: int
+    generate_timed: Callable[..., tuple[str, Any]]
+    metered: Callable[[], ContextManager[Any]]
+    abort: Callable[[], None]
+
+
+class AdapterBase:
+    """The optional capabilities, declared absent; an adapter with one overrides it (a method
+    for prefill_batch / state_parts, an instance attribute for serving)."""
+    serving: Serving | None = None
+    prefill_batch: Callable[[Sequence[Sequence[int]]], list[State]] | None = None
+    state_parts: Callable[[State], Any] | None = None
+    num_parameters: Callable[[], int] | None = None
+
+
+CAPABILITIES = ("serving", "prefill_batch", "state_parts", "num_parameters")
 
 
 @runtime_checkable
@@ -35,6 +67,11 @@ class ModelAdapter(Protocol):
     trained_length: int | None
     # What the state is, for reports: "kv", "kv-window", "recurrent", "memory", ...
     state_kind: str
+    # The optional capabilities (module docstring), None where absent.
+    serving: Serving | None
+    prefill_batch: Callable[[Sequence[Sequence[int]]], list[State]] | None
+    state_parts: Callable[[State], Any] | None
+    num_parameters: Callable[[], int] | None
 
     def prefill(self, token_ids: Sequence[int]) -> State: ...
 
@@ -61,6 +98,25 @@ class ModelAdapter(Protocol):
 # that changes results (dtype, device, backend, window, ...) goes beside them under its own name.
 # The runner hashes the whole dict, so an adapter must not put paths or timestamps in it.
 IDENTITY_KEYS = ("name", "kind", "weights_hash", "tokenizer_hash")
+
+
+def check_capabilities(adapter: Any, model: str) -> Any:
+    """`adapter` if it declares every optional capability (CAPABILITIES) with a value of the
+    right type; else a TypeError naming what is missing or wrong. Called once, at load."""
+    missing = [n for n in CAPABILITIES if not hasattr(adapter, n)]
+    if missing:
+        raise TypeError(f"model {model!r}: {type(adapter).__name__} does not declare "
+                        f"{', '.join(missing)} (inherit evalkit.adapter.AdapterBase, which "
+                        f"declares them absent, or set each to None or its capability)")
+    if adapter.serving is not None and not isinstance(adapter.serving, Serving):
+        raise TypeError(f"model {model!r}: serving must be an evalkit.adapter.Serving or None, "
+                        f"got {type(adapter.serving).__name__}")
+    for n in CAPABILITIES[1:]:
+        value = getattr(adapter, n)
+        if value is not None and not callable(value):
+            raise TypeError(f"model {model!r}: {n} must be a method or None, got "
+                            f"{type(value).__name__}")
+    return adapter
 
 
 def check_identity(identity: dict, model: str) -> dict:
@@ -121,7 +177,6 @@ def greedy_generate(first: int | None, step: Callable[[int], int | None], *,
 
 def prefill_batch(model: ModelAdapter, batch: Sequence[Sequence[int]]) -> list[State]:
     """Prefill several prompts; adapters with real batching define `prefill_batch` themselves."""
-    fn = getattr(model, "prefill_batch", None)
-    if fn is not None:
-        return fn(batch)
+    if model.prefill_batch is not None:
+        return model.prefill_batch(batch)
     return [model.prefill(ids) for ids in batch]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from evalkit.adapter import ModelAdapter
+from evalkit.adapter import ModelAdapter, check_capabilities
 from evalkit.registry import Registry
 
 DEFAULT_TOKENS = 8192
@@ -210,7 +210,13 @@ def load_model(spec: str, **options: Any) -> ModelAdapter:
     """Return an adapter for a registered name, "name:PATH", or a checkpoint path."""
     info, path = resolve_spec(spec)
     check_options(info, options)
-    return info.factory(path, **options)
+    adapter = info.factory(path, **options)
+    check_capabilities(adapter, info.name)  # declared once, here: never probed later
+    if (adapter.serving is not None) != (info.kind == "served"):
+        raise TypeError(f"model {info.name!r}: registered kind {info.kind!r} but its adapter "
+                        f"{'serves' if adapter.serving is not None else 'does not serve'}: "
+                        f"a served model is registered kind='served' and declares `serving`")
+    return adapter
 
 
 def describe_model(name: str, n_tokens: int = DEFAULT_TOKENS) -> dict:

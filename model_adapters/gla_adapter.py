@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from evalkit.adapter import greedy_generate, greedy_token
+from evalkit.adapter import AdapterBase, greedy_generate, greedy_token
 from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
 from evalkit.model_adapters.gla import xla
 from evalkit.model_adapters.gla.buckets import BucketedRunner, BucketSpec
@@ -53,7 +53,7 @@ class GLASequence:
     length: int                 # tokens consumed
 
 
-class GLAAdapter:
+class GLAAdapter(AdapterBase):
 
     def __init__(self, path: str, *, name: str | None = None, device: str = "cpu", dtype: str = "fp32",
                  chunk_size: int = 128, max_length: int | None = None, prefill_segment: int = 2048,

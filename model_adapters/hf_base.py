@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import torch
 
-from evalkit.adapter import greedy_generate, greedy_token
+from evalkit.adapter import AdapterBase, greedy_generate, greedy_token
 from evalkit.model_adapters.device import resolve_device
 from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
 from evalkit.model_adapters.weights import weights_hash
@@ -36,7 +36,7 @@ def eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-class HFBase:
+class HFBase(AdapterBase):
     """Subclasses set name, model, tokenizer, dtype, device, max_length, trained_length, _vocab,
     _eos, _weight_files and _extra_identity, and give the cache its three operations:
     `_new_cache()`, `_copy_cache(cache)` (an independent copy, for fork) and

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from evalkit.adapter import greedy_generate
+from evalkit.adapter import AdapterBase, greedy_generate
 from evalkit.models import register_model
 from evalkit.tokenization import load_tokenizer, tokenizer_hash
 
@@ -40,7 +40,7 @@ class MemoryState:
     length: int = 0
 
 
-class InductionAdapter:
+class InductionAdapter(AdapterBase):
     state_kind = "memory"
 
     def __init__(self, name: str, tokenizer: Any, order: int = 8, capacity: int | None = None,

@@ -199,3 +199,34 @@ def test_lower_layers_never_import_a_command_module():
            for mod, edges in import_graph().items() if not mod.startswith(commands)
            for target, line in edges.items() if target.startswith(commands)]
     assert not bad, bad
+
+
+PROBES = ("getattr", "hasattr")
+
+
+def probed_adapters(source: str) -> list[tuple[int, str]]:
+    """(line, call) of every getattr/hasattr on an adapter: a name `adapter` or `model`, or an
+    attribute `.adapter` (run.adapter, self.adapter)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) in PROBES
+                and node.args):
+            target = node.args[0]
+            if (isinstance(target, ast.Name) and target.id in ("adapter", "model")) or \
+                    (isinstance(target, ast.Attribute) and target.attr == "adapter"):
+                out.append((node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_no_capability_probing_on_adapters():
+    """The runner, executor, board and bridges ask an adapter's declared capabilities
+    (evalkit.adapter.CAPABILITIES, checked once at load by check_capabilities, the one place
+    that may look); nothing probes an adapter with getattr or hasattr."""
+    files = [f for f in sorted((ROOT / "evalkit").rglob("*.py")) if f.name != "adapter.py"]
+    assert len(files) > 50
+    bad = [f"{f.relative_to(ROOT)}:{line}: {call}" for f in files
+           for line, call in probed_adapters(f.read_text())]
+    assert not bad, bad
+    assert probed_adapters("x = getattr(run.adapter, 'abort', None)\n")  # the check sees it
+    assert probed_adapters("hasattr(model, 'state_parts')\n")
+    assert not probed_adapters("getattr(config, 'head_dim', None)\n")

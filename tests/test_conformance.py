@@ -4,7 +4,8 @@ To cover a new adapter, append a `Case` to CASES: an id, a factory `make(tmp_pat
 returning the adapter, and what it needs (a registered model name or an importable module;
 the case is skipped with that reason until it exists).
 
-Checks: prefill(a+b) equals extend(prefill(a), b) (and token-by-token extension); forks are
+Checks: the optional capabilities are declared (evalkit.adapter.CAPABILITIES; a served model
+serves); prefill(a+b) equals extend(prefill(a), b) (and token-by-token extension); forks are
 independent both ways; greedy generation is deterministic and leaves the state unchanged;
 score agrees with generate (each greedy token outscores alternatives at its position) and is
 additive over extension; state_bytes equals the adapter's own accounting (`state_tensors`,
@@ -123,6 +124,19 @@ def pieces(adapter) -> tuple[list[int], list[int], list[list[int]]]:
     conts = [encode(tok, c) for c in CONTINUATIONS]
     assert len(a) > 8 and len(b) > 4 and all(conts)
     return a, b, conts
+
+
+def test_capabilities_are_declared(adapter):
+    """Every family declares its optional capabilities (None where absent): the runner asks
+    the attribute and never probes. None of these families is served."""
+    from evalkit.adapter import CAPABILITIES, check_capabilities
+
+    assert check_capabilities(adapter, adapter.name) is adapter
+    assert adapter.serving is None
+    for name in CAPABILITIES[1:]:
+        assert getattr(adapter, name) is None or callable(getattr(adapter, name)), name
+    if adapter.state_kind != "memory":  # a model's weights are counted
+        assert adapter.num_parameters is not None and adapter.num_parameters() > 0
 
 
 def test_prefill_then_extend_equals_one_pass(adapter):

@@ -363,8 +363,8 @@ class EvalkitLM(TemplateLM):
             continue_final_message=not add_generation_prompt)
 
     def get_model_info(self) -> dict:
-        n_params = getattr(self.adapter, "num_parameters", None)
+        n_params = self.adapter.num_parameters
         return {"evalkit_model": self.model_name,
                 "evalkit_options": {k: str(v) for k, v in self.options.items()},
                 "evalkit_identity": self.adapter.identity(),
-                "model_num_parameters": n_params() if callable(n_params) else -1}
+                "model_num_parameters": n_params() if n_params is not None else -1}

@@ -108,9 +108,8 @@ def execute_concurrent(run: ModelRun, items: Sequence[Request],
         while reqs.open:
             reqs.settle(WAKE_S)
     except BaseException:  # Ctrl-C, SIGTERM: stop the open requests, keep the answered ones
-        abort = getattr(run.adapter, "abort", None)
-        if abort is not None:
-            abort()
+        if run.adapter.serving is not None:  # a served model: end what the server still runs
+            run.adapter.serving.abort()
         end = time.monotonic() + ABORT_WAIT_S
         while reqs.open and (left := end - time.monotonic()) > 0:
             reqs.settle(min(left, WAKE_S), keep=lambda s: s.error is None)

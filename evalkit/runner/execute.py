@@ -101,8 +101,8 @@ def answer(run: ModelRun, item: Request, state: Any, *, consume: bool, feed: boo
     time.monotonic() the request was due (--arrivals), the start of its response time."""
     sample = base_sample(run, item)
     t0 = time.monotonic()
-    metered = getattr(run.adapter, "metered", None)  # a served model counts what it sends
-    with metered() if metered is not None else contextlib.nullcontext() as sent:
+    serving = run.adapter.serving  # a served model counts what it sends
+    with serving.metered() if serving is not None else contextlib.nullcontext() as sent:
         sample, timing = _answer(run, item, state, sample, consume=consume, feed=feed)
     if sent is not None:
         sample.tokens_sent, sample.requests = sent.tokens, sent.requests
@@ -123,10 +123,10 @@ def _answer(run: ModelRun, item: Request, state: Any, sample: SampleResult, *, c
         s = state if consume else model.fork(state)
         if feed:
             s = model.extend(s, list(item.question_ids))
-        timed = getattr(model, "generate_timed", None)  # a served model times its request
         budget = run.max_new_tokens or q.max_new_tokens
-        if timed is not None:
-            sample.prediction, timing = timed(s, budget, stop=list(run.stop))
+        if model.serving is not None:  # a served model times its request
+            sample.prediction, timing = model.serving.generate_timed(s, budget,
+                                                                     stop=list(run.stop))
         else:
             sample.prediction, timing = model.generate(s, budget, stop=list(run.stop)), None
         logprobs = None
@@ -140,9 +140,8 @@ def _answer(run: ModelRun, item: Request, state: Any, sample: SampleResult, *, c
                                          f"are broken (NaN weights or config?)")
             sample.candidate_logprobs = logprobs
         sample.scores = score_sample(sample.prediction, q.gold, logprobs, q.kind)
-        parts = getattr(model, "state_parts", None)
-        if parts is not None:  # kind and bytes as measured from this state's tensors
-            measured = parts(s)
+        if model.state_parts is not None:  # kind and bytes as measured from this state's tensors
+            measured = model.state_parts(s)
             if measured is None:  # a served model without a config: unknown, never 0
                 sample.state_bytes, sample.state_kind = None, "unknown"
             else:

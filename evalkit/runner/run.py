@@ -120,7 +120,7 @@ class _Session:
             self.on_model({**self.earlier_models, **self.models})
         gen = self.resolved.suite.generation
         arrivals = self.resolved.arrivals if m.served else None  # in-process: unloaded
-        load = (arrivals.label if arrivals is not None else loads.closed(adapter.concurrency)
+        load = (arrivals.label if arrivals is not None else loads.closed(adapter.serving.concurrency)
                 ) if m.served else None
         run = ModelRun(adapter, m.name, mhash, kind, tuple(gen.stop), gen.max_new_tokens, load,
                        m.forced_choice)
@@ -277,7 +277,8 @@ class _Session:
             if due is not None:
                 execute_concurrent(run, todo, emit, MAX_OPEN, due)
             elif run.served:
-                execute_concurrent(run, list(plan.items()), emit, run.adapter.concurrency)
+                execute_concurrent(run, list(plan.items()), emit,
+                                   run.adapter.serving.concurrency)
             else:
                 execute(run, plan, emit, batch_size=self.resolved.suite.batch_size)
         finally:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from evalkit.adapter import cut_at_stop
+from evalkit.adapter import AdapterBase, Serving, cut_at_stop
 from evalkit.model_adapters.served.client import Client, ServerError, Timing
 from evalkit.model_adapters.served.urls import clean_url, public_url
 from evalkit.model_adapters.served.state import state_from_config
@@ -74,7 +74,7 @@ class Sent:
     requests: int = 0
 
 
-class ServedAdapter:
+class ServedAdapter(AdapterBase):
     def __init__(self, base_url: str | list[str], *, model: str | None = None,
                  tokenizer: str | None = None, config: str | None = None,
                  api_key_env: str | None = None, concurrency: int = 8,
@@ -93,7 +93,9 @@ class ServedAdapter:
         if not 1 <= int(concurrency) <= MAX_CONCURRENCY:
             raise ValueError(f"served: concurrency={concurrency}: expected 1..{MAX_CONCURRENCY} "
                              f"requests in flight")
-        self.concurrency = int(concurrency)
+        # a served model, declared: the runner asks `serving`, never the adapter's methods
+        self.serving = Serving(int(concurrency), self.generate_timed, self.metered,
+                               self.abort)
         self.client = Client(urls, api_key_env=api_key_env, timeout_s=timeout_s, retries=retries,
                              backoff_s=backoff_s, trust_env=trust_env)
         tok_dir = Path(tokenizer).expanduser()
