@@ -232,12 +232,6 @@ def _finite(row: dict) -> dict:
     return row
 
 
-class _NoBar:
-    def update(self, n: int = 1) -> None: ...
-    def set_description_str(self, s: str) -> None: ...
-    def close(self) -> None: ...
-
-
 @torch.no_grad()
 def measure_cost(cm: CostModel, contexts: Sequence[int], *, decode: int = 32,
                  prefill_contexts: Sequence[int] | None = None,
@@ -268,8 +262,8 @@ def measure_cost(cm: CostModel, contexts: Sequence[int], *, decode: int = 32,
     from tqdm import tqdm
 
     total = sum(T for T in ctx if T in timed) + sum(T + decode + 1 for T in ctx if T in with_decode)
-    bar = (tqdm(total=total, unit="tok", desc=f"{cm.name}: build", dynamic_ncols=True,
-                leave=False) if progress else _NoBar())
+    bar = tqdm(total=total, unit="tok", desc=f"{cm.name}: build", dynamic_ncols=True,
+               leave=False, disable=not progress)
     try:
         if any(p.is_meta for p in cm.model.parameters()):
             cm.materialise(seed)

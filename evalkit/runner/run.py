@@ -268,10 +268,9 @@ class _Session:
             self.samples.append((order[(s.task, s.probe_hash, s.question)], s.to_dict()))
             self.computed += 1
             self.tokens_run += s.tokens_sent or 0
-            if bar is not None:
-                bar.update(1)
-                if s.error is not None:
-                    bar.write(f"evalkit run: sample {s.probe_id} q{s.question} failed: {s.error}")
+            bar.update(1)
+            if s.error is not None and not bar.disable:
+                bar.write(f"evalkit run: sample {s.probe_id} q{s.question} failed: {s.error}")
 
         try:
             if due is not None:
@@ -282,8 +281,7 @@ class _Session:
             else:
                 execute(run, plan, emit, batch_size=self.resolved.suite.batch_size)
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
 
 
 def check_distinct_models(resolved: ResolvedSuite) -> None:
@@ -322,7 +320,7 @@ def _bar(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="q", file=sys.stderr, dynamic_ncols=True,
-                mininterval=0.5) if enabled else None
+                mininterval=0.5, disable=not enabled)
 
 
 def _task_info(resolved: ResolvedSuite) -> dict[str, dict]:
