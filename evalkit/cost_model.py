@@ -310,26 +310,7 @@ def _attention_layers(text) -> int:
 
 
 def _hf_state_formula(config, dt: torch.dtype) -> Callable[[int], StateBytes]:
-    """The config formula `evalkit state` uses (recurrent/formula.py) for the families it
-    knows; a plain softmax model's KV cache otherwise: per layer 2 x kv_heads x head_dim per
-    token (the last window - 1 tokens for a sliding layer, as DynamicSlidingWindowLayer)."""
-    from evalkit.model_adapters.recurrent.formula import FAMILIES, _kv_per_token, state_at
+    """The config formula `evalkit state` and a served model use (recurrent/formula.py)."""
+    from evalkit.model_adapters.recurrent.formula import config_state_at
 
-    text = config.get_text_config(decoder=True)
-    if text.model_type in FAMILIES:
-        return lambda T: state_at(config, T, dt)
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
-    size = torch.empty(0, dtype=dt).element_size()
-    per_token = _kv_per_token(text) * size
-    types, kwargs = get_layer_types_and_kwargs(text)
-
-    def at(T: int) -> StateBytes:
-        total = StateBytes()
-        for t, kw in zip(types, kwargs):
-            if t in ("sliding_attention", "chunked_attention"):
-                total += StateBytes(window=per_token * min(T, kw["sliding_window"] - 1))
-            else:
-                total += StateBytes(growing=per_token * T)
-        return total
-    return at
+    return lambda T: config_state_at(config, T, dt)

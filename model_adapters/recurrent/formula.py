@@ -36,7 +36,8 @@ def _g(cfg: Any, *names: str, default: Any = None) -> Any:
     raise KeyError(f"config of model_type {cfg.model_type!r} lacks {' / '.join(names)}")
 
 
-def _kv_per_token(cfg: Any) -> int:
+def kv_per_token(cfg: Any) -> int:
+    """Elements one token adds to one attention layer's KV cache: 2 x kv heads x head dim."""
     heads = _g(cfg, "num_attention_heads")
     kv = _g(cfg, "num_key_value_heads", default=heads)
     head_dim = _g(cfg, "head_dim", "attention_head_dim", default=cfg.hidden_size // heads)
@@ -129,12 +130,34 @@ def state_at(config: Any, n_tokens: int, dtype: torch.dtype) -> StateBytes:
             total = total + StateBytes(fixed=conv * size + rec * RECURRENT_ITEMSIZE,
                                        recurrent=rec > 0)
         if t in ("full_attention", "hybrid"):
-            total = total + StateBytes(growing=_kv_per_token(cfg) * n_tokens * size)
+            total = total + StateBytes(growing=kv_per_token(cfg) * n_tokens * size)
         elif t in ("sliding_attention", "chunked_attention", "hybrid_sliding"):
             # DynamicSlidingWindowLayer keeps the last window - 1 tokens
             kept = min(n_tokens, kw["sliding_window"] - 1)
-            total = total + StateBytes(window=_kv_per_token(cfg) * kept * size)
+            total = total + StateBytes(window=kv_per_token(cfg) * kept * size)
         elif t not in ("linear_attention", "conv", "dummy"):
             raise UnsupportedFamily(f"model_type {cfg.model_type!r}: layer type {t!r} has no "
                                     f"state formula")
+    return total
+
+
+def config_state_at(config: Any, n_tokens: int, dtype: torch.dtype) -> StateBytes:
+    """Any transformers decoder's state after `n_tokens` tokens, from its config alone: its
+    family's formula (state_at) where it has one; else every layer is attention, full layers
+    growing by kv_per_token a token and sliding ones keeping their last window - 1 tokens (as
+    transformers' DynamicSlidingWindowLayer). The one KV formula `evalkit cost` and a served
+    model's state both read."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    cfg = config.get_text_config(decoder=True)
+    if cfg.model_type in FAMILIES:
+        return state_at(config, n_tokens, dtype)
+    per = kv_per_token(cfg) * torch.empty(0, dtype=dtype).element_size()
+    types, kwargs = get_layer_types_and_kwargs(cfg)
+    total = StateBytes()
+    for t, kw in zip(types, kwargs):
+        if t in ("sliding_attention", "chunked_attention"):
+            total = total + StateBytes(window=per * min(n_tokens, kw["sliding_window"] - 1))
+        else:
+            total = total + StateBytes(growing=per * n_tokens)
     return total
