@@ -230,3 +230,16 @@ def test_no_capability_probing_on_adapters():
     assert probed_adapters("x = getattr(run.adapter, 'abort', None)\n")  # the check sees it
     assert probed_adapters("hasattr(model, 'state_parts')\n")
     assert not probed_adapters("getattr(config, 'head_dim', None)\n")
+
+
+def test_every_package_folder_is_installed():
+    """pyproject's explicit package list names every folder with an __init__.py under the
+    three roots it maps (a missing one installs editable but not from a wheel)."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {".".join((pkg, *init.parent.relative_to(ROOT / folder).parts))
+             for pkg, folder in cfg["package-dir"].items()
+             for init in (ROOT / folder).rglob("__init__.py")
+             if "__pycache__" not in init.parts}
+    assert found == set(cfg["packages"]), sorted(found ^ set(cfg["packages"]))
