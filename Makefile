@@ -55,13 +55,14 @@ GAPS = $(foreach m,$(MQAR_GLA) $(MQAR_SWA),mqar-attn-d64:$(m)) \
        mqar-swa-w256-d64:mqar-swa-w16-d64 \
        recall-softmax-tiny:recall-gla-tiny recall-softmax-tiny-matched:recall-gla-tiny \
        oracle:forgetful $(TWIN_GAPS)
-# SmolLM2-135M's linearized twins (configs/standard-twins.yaml): the parent minus each twin and
-# minus the window alone; each w64 twin minus the window alone (what its state adds); 3
-# attention layers, and a 256-token window, against the w64 twin.
-SMOL_W64 = smollm2-135m-gla-w64 smollm2-135m-gla-w64-attn3
-TWIN_GAPS = $(foreach m,$(SMOL_W64) smollm2-135m-gla-w256 smollm2-135m-swa-w64,smollm2-135m:$(m)) \
-            $(foreach m,$(SMOL_W64),$(m):smollm2-135m-swa-w64) \
-            smollm2-135m-gla-w64-attn3:smollm2-135m-gla-w64 smollm2-135m-gla-w256:smollm2-135m-gla-w64
+# SmolLM2-135M's linearized twins (configs/standard-twins.yaml): the parent minus every other
+# row; each twin minus the sink + window reference and minus its own state-off row (what its
+# state adds: positive = the state recalls what the row without it misses); gated delta minus GLA.
+SMOL = smollm2-135m
+SMOL_TWINS = $(SMOL)-gla-w64-s4 $(SMOL)-gdn-w64-s4
+TWIN_GAPS = $(foreach m,$(SMOL)-swa-w64-s4 $(SMOL_TWINS) $(addsuffix -state-off,$(SMOL_TWINS)),$(SMOL):$(m)) \
+            $(foreach m,$(SMOL_TWINS),$(m):$(SMOL)-swa-w64-s4 $(m):$(m)-state-off) \
+            $(SMOL)-gdn-w64-s4:$(SMOL)-gla-w64-s4
 STANDARD_RUNS = runs/mqar runs/standard-cpu runs/standard-twins
 standard: setup setup-vllm
 	$(BIN)/evalkit run --config configs/mqar.yaml --output runs/mqar --resume
