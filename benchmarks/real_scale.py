@@ -1,5 +1,5 @@
 """The brief's serving figures at real size: Laplace 3B (GLA) against a softmax model of the same
-width and depth, every figure measured in this one run through evalkit.cost (what
+width and depth, every figure measured in this one run through evalkit.model_adapters.cost (what
 `evalkit cost` measures, the same code).
 
 Models (random weights, --dtype, default bf16):
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from evalkit import cost, cost_model
+from evalkit.model_adapters import cost, cost_model
 
 ROOT = Path(__file__).resolve().parents[1]
 LAPLACE = ROOT / "configs" / "models" / "laplace-3b.json"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from evalkit.adapter import ModelAdapter
-from evalkit.models import load_model
+from evalkit.model_adapters.protocol import ModelAdapter
+from evalkit.model_adapters.models import load_model
 from evalkit.probe import Probe, ProbeMeta, Question, Segment
 from evalkit.result import SampleResult
 

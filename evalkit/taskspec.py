@@ -39,9 +39,11 @@ from evalkit.user_modules import load_user_file
 from evalkit.yamlfile import read_yaml, validation_message
 
 def _builtin_dir() -> Path:
-    import evalkit.tasks
+    """The built-in task specs' folder: package data of evalkit.tasks, located, not imported
+    as code (the task plugins sit a layer above this module)."""
+    from importlib import resources
 
-    return Path(evalkit.tasks.__file__).resolve().parent
+    return Path(str(resources.files("evalkit.tasks"))).resolve()
 
 
 class SpecError(ValueError):

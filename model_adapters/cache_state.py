@@ -1,5 +1,5 @@
 """What a transformers cache holds, counted from its tensors: the bytes of one sequence's state
-split into fixed / window / growing parts (evalkit.state_kind.StateBytes).
+split into fixed / window / growing parts (evalkit.model_adapters.state_kind.StateBytes).
 
 The walker knows cache layers by their exact class, so a class it has never seen (a quantized
 or static layer, a model's own cache type) is an UnknownCacheError naming it, never a silent
@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from evalkit.state_kind import StateBytes
+from evalkit.model_adapters.state_kind import StateBytes
 
 
 class UnknownCacheError(TypeError):

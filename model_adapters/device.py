@@ -13,7 +13,7 @@ import logging
 import torch
 
 from evalkit.model_adapters.gla import xla
-from evalkit.models import ModelOptionError
+from evalkit.model_adapters.models import ModelOptionError
 
 log = logging.getLogger(__name__)
 

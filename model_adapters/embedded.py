@@ -29,13 +29,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from evalkit.model_adapters.gla_adapter import GLAAdapter, describe_config
+from evalkit.model_adapters.gla.adapter import GLAAdapter, describe_config
 from evalkit.model_adapters.recurrent.adapter import RecurrentAdapter
 from evalkit.model_adapters.softmax import SoftmaxAdapter, describe_row
 from evalkit.model_adapters.smollm2 import (SMOLLM2_GGUF, _is_complete,
                                              convert_gguf_once, converted_dir, smollm2_gguf_path)
 from evalkit.model_adapters.weights import file_sha256, shipped_checkpoint
-from evalkit.models import register_model
+from evalkit.model_adapters.models import register_model
 
 def _describe_smollm2(n_tokens: int) -> dict:
     """Counts without loading weights: from the converted config if present, else the GGUF header."""

@@ -11,7 +11,7 @@ from evalkit.model_adapters.recurrent.adapter import RecurrentAdapter
 from evalkit.model_adapters.recurrent.family import state_family
 from evalkit.model_adapters.softmax.adapter import SoftmaxAdapter
 from evalkit.model_adapters.softmax.describe import split_path
-from evalkit.models import register_model
+from evalkit.model_adapters.models import register_model
 
 
 @register_model("hf", kind="softmax", state_kind="measured", options=SoftmaxAdapter,

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import torch
 
-from evalkit.adapter import AdapterBase, greedy_generate, greedy_token
+from evalkit.model_adapters.protocol import AdapterBase, greedy_generate, greedy_token
 from evalkit.model_adapters.device import resolve_device
 from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
 from evalkit.model_adapters.weights import weights_hash

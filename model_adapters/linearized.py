@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from evalkit.model_adapters.gla.twin import TWIN_FILE
-from evalkit.model_adapters.gla_adapter import GLAAdapter, shipped_gla
-from evalkit.models import register_model
+from evalkit.model_adapters.gla.adapter import GLAAdapter, shipped_gla
+from evalkit.model_adapters.models import register_model
 
 TWINS_DIR = Path(__file__).resolve().parent / "twins"
 # name: (state kind, description)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evalkit.model_adapters.gla_adapter import GLAAdapter, shipped_gla
-from evalkit.models import register_model
+from evalkit.model_adapters.gla.adapter import GLAAdapter, shipped_gla
+from evalkit.model_adapters.models import register_model
 
 MQAR_DIR = Path(__file__).resolve().parent / "mqar"
 # name: (state kind, description)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from evalkit.adapter import AdapterBase, greedy_generate
-from evalkit.models import register_model
+from evalkit.model_adapters.protocol import AdapterBase, greedy_generate
+from evalkit.model_adapters.models import register_model
 from evalkit.tokenization import load_tokenizer, tokenizer_hash
 
 DEFAULT_TOKENIZER = Path(__file__).resolve().parent / "tiny" / "tokenizer"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from evalkit.model_adapters.recurrent.family import state_family
 from evalkit.model_adapters.recurrent.measure import measured_at
-from evalkit.models import describe_model, resolve_spec
+from evalkit.model_adapters.models import describe_model, resolve_spec
 
 MATCH_TOKENS = 8  # a fixed state does not depend on the length; any short prefill measures it
 

@@ -1,13 +1,13 @@
 """The adapter's optional capabilities are declared and checked once, at load
-(evalkit.adapter.check_capabilities via load_model): a missing or mistyped one is a clear
+(evalkit.model_adapters.protocol.check_capabilities via load_model): a missing or mistyped one is a clear
 error naming the model, and a model registered as served must serve (and only it)."""
 from __future__ import annotations
 
 import pytest
 
-from evalkit.adapter import AdapterBase, Serving, check_capabilities
+from evalkit.model_adapters.protocol import AdapterBase, Serving, check_capabilities
 from evalkit.model_adapters.reference import DEFAULT_TOKENIZER, InductionAdapter
-from evalkit.models import MODELS, load_model, register_model
+from evalkit.model_adapters.models import MODELS, load_model, register_model
 from evalkit.tokenization import load_tokenizer
 
 
@@ -23,7 +23,7 @@ def test_undeclared_and_mistyped_capabilities_named():
     class WrongServing(AdapterBase):
         serving = 8  # a concurrency, not a Serving
 
-    with pytest.raises(TypeError, match="serving must be an evalkit.adapter.Serving"):
+    with pytest.raises(TypeError, match="serving must be an evalkit.model_adapters.protocol.Serving"):
         check_capabilities(WrongServing(), "x")
 
     class WrongParts(AdapterBase):

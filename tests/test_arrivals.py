@@ -128,7 +128,7 @@ class _Slow:
 def test_requests_go_out_when_due_whatever_is_in_flight(tok, tok_dir):
     """Open loop: a request due while others are open is sent anyway; only the cap on open
     requests holds one back, and that wait is its queue_s (what the run counts)."""
-    from evalkit.models import load_model
+    from evalkit.model_adapters.models import load_model
     probes = toy_probes(tok, "toy_recall", lengths=[64], depths=[0.5], loads=[1], samples=5)
     items = list(build_plan(items_of(probes, tok)).items())
     assert len(items) == 5

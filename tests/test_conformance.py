@@ -4,7 +4,7 @@ To cover a new adapter, append a `Case` to CASES: an id, a factory `make(tmp_pat
 returning the adapter, and what it needs (a registered model name or an importable module;
 the case is skipped with that reason until it exists).
 
-Checks: the optional capabilities are declared (evalkit.adapter.CAPABILITIES; a served model
+Checks: the optional capabilities are declared (evalkit.model_adapters.protocol.CAPABILITIES; a served model
 serves); prefill(a+b) equals extend(prefill(a), b) (and token-by-token extension); forks are
 independent both ways; greedy generation is deterministic and leaves the state unchanged;
 score agrees with generate (each greedy token outscores alternatives at its position) and is
@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from evalkit.models import load_model, model_names
+from evalkit.model_adapters.models import load_model, model_names
 from evalkit.tokenization import encode
 
 TEXT_A = "the quick brown fox jumps over the lazy dog while a small bird sings in the old oak tree"
@@ -91,7 +91,7 @@ CASES = [
     Case("tiny-llama", lambda tp: _tiny_llama(tp, prefill_chunk=7)),
     Case("tiny-llama-window", lambda tp: _tiny_llama(tp, window=12, prefill_chunk=5)),
     Case("tiny-llama-window-sink", lambda tp: _tiny_llama(tp, window=12, sink=3, prefill_chunk=4)),
-    Case("gla-random", _random_gla, needs_module="evalkit.model_adapters.gla_adapter"),
+    Case("gla-random", _random_gla, needs_module="evalkit.model_adapters.gla.adapter"),
     Case("hf-mamba", lambda tp: _hf_family(tp, "mamba")),
     Case("hf-mamba2", lambda tp: _hf_family(tp, "mamba2", prefill_chunk=7)),
     Case("hf-rwkv", lambda tp: _hf_family(tp, "rwkv", prefill_chunk=7)),
@@ -129,7 +129,7 @@ def pieces(adapter) -> tuple[list[int], list[int], list[list[int]]]:
 def test_capabilities_are_declared(adapter):
     """Every family declares its optional capabilities (None where absent): the runner asks
     the attribute and never probes. None of these families is served."""
-    from evalkit.adapter import CAPABILITIES, check_capabilities
+    from evalkit.model_adapters.protocol import CAPABILITIES, check_capabilities
 
     assert check_capabilities(adapter, adapter.name) is adapter
     assert adapter.serving is None

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from evalkit import cost, cost_model
+from evalkit.model_adapters import cost, cost_model
 from evalkit.cli import main
 
 GLA = {"model_type": "gla", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,

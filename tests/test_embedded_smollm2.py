@@ -16,7 +16,7 @@ from evalkit.model_adapters.smollm2 import (_MARKER, convert_gguf_once, converte
                                             smollm2_gguf_path)
 from evalkit.model_adapters.softmax import SoftmaxAdapter, describe_checkpoint
 from evalkit.model_adapters.weights import file_sha256
-from evalkit.models import load_model
+from evalkit.model_adapters.models import load_model
 from evalkit.tokenization import encode
 
 # SmolLM2-135M: 30 layers, 3 KV heads of 64 dims; fp32 K and V per token

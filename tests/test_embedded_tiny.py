@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from evalkit.cli import main
 from evalkit.model_adapters.embedded import TINY_DIR, TINY_MODELS, tiny_trained_length
-from evalkit.models import load_model
+from evalkit.model_adapters.models import load_model
 
 NAMES = ("recall-gla-tiny", "recall-softmax-tiny")
 COMMITTED = sorted(p.parent.name for p in TINY_DIR.glob("*/model.safetensors"))

@@ -6,10 +6,10 @@ import hashlib
 import pytest
 import torch
 
-from evalkit.adapter import ModelAdapter
+from evalkit.model_adapters.protocol import ModelAdapter
 from evalkit.model_adapters.gla import GLAConfig
 from evalkit.model_adapters.gla.buckets import counting_backend
-from evalkit.models import ModelOptionError, load_model
+from evalkit.model_adapters.models import ModelOptionError, load_model
 
 from helpers import save_peaked_gla
 

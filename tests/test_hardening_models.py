@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from evalkit import scoring
 from evalkit.cli import main
-from evalkit.models import MODELS, ModelOptionError, load_model, model_names, resolve_spec
+from evalkit.model_adapters.models import MODELS, ModelOptionError, load_model, model_names, resolve_spec
 from evalkit.probe import Question
 from helpers import REPO
 

@@ -382,8 +382,8 @@ def test_a_second_resume_on_a_locked_run_folder_is_refused_naming_the_pid(tok_di
 
 def test_non_finite_logits_fail_generation_too(tmp_path):
     """Generation alone (no candidates to score) must not turn a NaN model into an answer."""
-    from evalkit.adapter import greedy_token
-    from evalkit.models import load_model
+    from evalkit.model_adapters.protocol import greedy_token
+    from evalkit.model_adapters.models import load_model
 
     assert greedy_token(torch.tensor([0.0, 3.0, 1.0])) == 1
     with pytest.raises(ValueError, match="non-finite logits"):

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from evalkit.cli import main
 from evalkit.model_adapters.gla.twin import TwinError, load_twin
-from evalkit.models import load_model
+from evalkit.model_adapters.models import load_model
 from evalkit.training import linearize as lin
 from evalkit.training.linearize import Recipe
 from evalkit.training.linearize_family import linearize_family

@@ -100,7 +100,7 @@ def test_lm_eval_runs_the_exported_tasks_on_the_oracle(exported):
     from lm_eval.tasks import TaskManager
 
     import evalkit.lm_eval.bridge  # noqa: F401  -- registers --model "evalkit"
-    from evalkit.models import load_model
+    from evalkit.model_adapters.models import load_model
 
     tm = TaskManager(include_path=str(exported), include_defaults=False)
     out = simple_evaluate(model="evalkit", model_args="name=oracle", task_manager=tm,

@@ -104,7 +104,7 @@ def test_the_draw_is_the_pairs_and_no_model_changes_another(tmp_path, tiny_token
 def test_only_mamba2_writes_a_loadable_folder_and_leaves_the_pair(tmp_path):
     from evalkit.model_adapters.embedded import _describe_recurrent
     from evalkit.model_adapters.recurrent.adapter import RecurrentAdapter
-    from evalkit.models import load_model, model_info
+    from evalkit.model_adapters.models import load_model, model_info
 
     out, recipe = tmp_path / "out", str(_toy(tmp_path))
     assert main(["train-tiny", "--config", recipe, "--out", str(out),

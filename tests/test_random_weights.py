@@ -11,7 +11,7 @@ import yaml
 from evalkit.cli import main as evalkit_main
 from evalkit.model_adapters import embedded
 from evalkit.model_adapters.gla import GLAConfig
-from evalkit.models import load_model
+from evalkit.model_adapters.models import load_model
 from evalkit.tokenization import load_tokenizer
 
 from helpers import TINY_TOKENIZER, save_peaked_gla

@@ -20,7 +20,7 @@ from evalkit.model_adapters.recurrent.family import state_family
 from evalkit.model_adapters.recurrent.formula import state_at
 from evalkit.model_adapters.recurrent.formula import UnsupportedFamily
 from evalkit.model_adapters.recurrent.measure import measured_at
-from evalkit.models import load_model
+from evalkit.model_adapters.models import load_model
 from evalkit.tokenization import encode
 
 TEXT = ("the quick brown fox jumps over the lazy dog while a small bird sings in the old oak tree "

@@ -14,7 +14,7 @@ from runner_support import PLUGIN, TOY_TASKS, build_tokenizer
 SWITCHES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 PROBE = """\
 import json, os
-from evalkit.models import MODELS, load_model, register_model
+from evalkit.model_adapters.models import MODELS, load_model, register_model
 
 def load_env_probe(path=None, *, tokenizer, record):
     import huggingface_hub.constants as hub

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from evalkit.models import load_model
+from evalkit.model_adapters.models import load_model
 from evalkit.probe import Probe, ProbeMeta, Question, Segment
 from evalkit.render import continuation_ids, prompt_ids, render
 from evalkit.runner.execute import ModelRun, execute

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from evalkit.model_adapters.served.client import ServerError
-from evalkit.models import load_model
+from evalkit.model_adapters.models import load_model
 from helpers import TINY_TOKENIZER
 from test_served_client import Fake, _slow_stream, bounded
 

@@ -125,7 +125,7 @@ def test_concurrency_1_vs_8(server, smollm2_dir, tmp_path):
 
 
 def test_identity_has_no_url_and_names_the_engine(server, smollm2_dir, skewed_dir):
-    from evalkit.models import load_model
+    from evalkit.model_adapters.models import load_model
 
     m = load_model(f"served:{server}", tokenizer=str(smollm2_dir))
     ident = m.identity()
@@ -137,7 +137,7 @@ def test_identity_has_no_url_and_names_the_engine(server, smollm2_dir, skewed_di
 
 def test_wrong_model_name_and_refused_connection(server, smollm2_dir):
     from evalkit.model_adapters.served.client import ServerError
-    from evalkit.models import load_model
+    from evalkit.model_adapters.models import load_model
 
     with pytest.raises(ValueError, match="not served"):
         load_model(f"served:{server}", tokenizer=str(smollm2_dir), model="no-such-model")

@@ -14,7 +14,7 @@ import torch
 
 from evalkit.model_adapters.softmax import SoftmaxAdapter, describe_checkpoint, matched_window
 from evalkit.model_adapters.weights import file_sha256
-from evalkit.models import load_model
+from evalkit.model_adapters.models import load_model
 from evalkit.tokenization import encode
 
 TEXT = ("the quick brown fox jumps over the lazy dog while a small bird sings in the old oak tree "

@@ -328,7 +328,7 @@ def test_a_twin_checkpoint_reads_each_query_where_it_occurs(tmp_path, mixer):
     import shutil
 
     from evalkit.model_adapters.gla.config import GLAConfig
-    from evalkit.models import load_model
+    from evalkit.model_adapters.models import load_model
 
     from helpers import save_peaked_gla
 

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from evalkit.models import load_model
+from evalkit.model_adapters.models import load_model
 from evalkit.tokenization import load_tokenizer, tokenizer_hash
 
 from helpers import REPO, TINY_TOKENIZER

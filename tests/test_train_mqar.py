@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from evalkit.cli.train_mqar import load_family
-from evalkit.model_adapters.gla_adapter import GLAAdapter
+from evalkit.model_adapters.gla.adapter import GLAAdapter
 from evalkit.tasks.mqar import mqar_batch
 from evalkit.training.mqar import MQARFamily, best_rate, plan, query_loss, train_run
 from evalkit.training.mqar_family import train_mqar_family
@@ -103,7 +103,7 @@ def test_the_shipped_family_config_loads():
 
 def test_a_shipped_twin_is_described_as_it_loads():
     """`evalkit models` reads a twin's lengths from the config.json its adapter reads."""
-    from evalkit.models import describe_model, load_model
+    from evalkit.model_adapters.models import describe_model, load_model
 
     row, adapter = describe_model("mqar-gla-d32"), load_model("mqar-gla-d32")
     assert row["trained_length"] == adapter.trained_length == 256

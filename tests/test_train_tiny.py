@@ -30,7 +30,7 @@ def test_train_tiny_writes_loadable_pair_with_cards(tmp_path):
                    "warmup: 1\nhidden_size: 32\nnum_layers: 1\nnum_heads: 2\n"
                    "intermediate_size: 96\nthreads: 1\n")
     assert main(["train-tiny", "--config", str(cfg), "--out", str(tmp_path / "out")]) == 0
-    from evalkit.model_adapters.gla_adapter import GLAAdapter
+    from evalkit.model_adapters.gla.adapter import GLAAdapter
     from evalkit.model_adapters.softmax import SoftmaxAdapter
 
     gla = GLAAdapter(str(tmp_path / "out" / "recall-gla-tiny"), name="g")

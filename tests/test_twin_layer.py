@@ -20,7 +20,7 @@ from helpers import assert_streams_like_one_forward
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.from_llama import config_from_llama, linearize, load_llama
 from evalkit.model_adapters.gla.model import GLAForCausalLM
-from evalkit.model_adapters.gla.window_linear_ops import chunk_window_linear, naive_window_linear
+from evalkit.model_adapters.gla.ops.window_linear import chunk_window_linear, naive_window_linear
 
 W = 64  # the family's window (LoLCATs' and Liger's)
 PROMPTS = [  # three prompts of at most W tokens
@@ -270,7 +270,7 @@ def test_shipped_twin_equals_parent_within_window(name, prompts, parent_logits):
     """Issue 30's bar: on three prompts of at most W tokens each registered twin, assembled
     from the embedded parent and its trained tensors (shipped in the repo, so never skipped),
     gives the parent's logits (fp32)."""
-    from evalkit.models import load_model
+    from evalkit.model_adapters.models import load_model
 
     twin = load_model(name)
     assert twin.identity()["window"] >= W
@@ -287,7 +287,7 @@ def test_shipped_gated_delta_twin_loads_small_and_its_state_matters():
     from safetensors.torch import load_file
 
     from evalkit.model_adapters.linearized import TWINS_DIR
-    from evalkit.models import load_model
+    from evalkit.model_adapters.models import load_model
 
     name = "smollm2-135m-gdn-w64-s4"
     folder = TWINS_DIR / name

@@ -16,8 +16,8 @@ from helpers import assert_streams_like_one_forward
 
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.model import GLAForCausalLM
-from evalkit.model_adapters.gla.window_delta_ops import chunk_window_delta, naive_window_delta
-from evalkit.model_adapters.gla.window_linear_ops import (chunk_window_linear, naive_window_linear,
+from evalkit.model_adapters.gla.ops.window_delta import chunk_window_delta, naive_window_delta
+from evalkit.model_adapters.gla.ops.window_linear import (chunk_window_linear, naive_window_linear,
                                                          naive_window_softmax, window_softmax)
 
 
@@ -256,7 +256,7 @@ def test_state_off_is_the_sink_window_reference_and_its_own_row(smol, tmp_path):
     with the state on it differs past the window."""
     from evalkit.model_adapters.gla.from_llama import linearize
     from evalkit.model_adapters.gla.twin import parent_hash, save_twin, trained_names
-    from evalkit.model_adapters.gla_adapter import GLAAdapter
+    from evalkit.model_adapters.gla.adapter import GLAAdapter
     parent, ids, _ = smol
     sha = parent_hash(parent)
     twin = linearize(parent, window=16, sinks=4, state="gated_delta")

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.xla
 
 from evalkit.model_adapters.gla import GLAConfig, GLAForCausalLM, xla  # noqa: E402
 from evalkit.model_adapters.gla.buckets import BucketedRunner, BucketSpec  # noqa: E402
-from evalkit.models import load_model  # noqa: E402
+from evalkit.model_adapters.models import load_model  # noqa: E402
 
 from helpers import TINY_TOKENIZER, save_peaked_gla  # noqa: E402
 

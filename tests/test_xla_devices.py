@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from evalkit.model_adapters.device import bf16_capable
-from evalkit.models import load_model
+from evalkit.model_adapters.models import load_model
 
 
 def test_unknown_device():

@@ -8,7 +8,7 @@ prefill adds, and the state held after it beside the config's formula. MODEL: a 
 model (laplace), NAME:PATH, a checkpoint folder (its safetensors weights are used) or a bare
 config.json (random weights, built on the meta device then materialised in --dtype). A context
 whose state, KV cache or activations would not fit in the available memory is refused before
-anything is allocated. See evalkit/cost.py for how each figure is measured.
+anything is allocated. See model_adapters/cost.py for how each figure is measured.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from evalkit import cost, cost_model
+    from evalkit.model_adapters import cost, cost_model
 
     contexts = cost.check_contexts(args.contexts)
     decode = cost.check_decode(args.decode)

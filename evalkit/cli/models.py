@@ -2,7 +2,7 @@
 
     evalkit models [--tokens N] [--json] [--plugins my_model.py]
 
-The numbers come from each model's `describe` function (see evalkit.models), computed without
+The numbers come from each model's `describe` function (see evalkit.model_adapters.models), computed without
 loading weights; a model without one is a path loader, listed as NAME:PATH. A model that fails
 to describe is listed with its error, and the command exits 1.
 """
@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from evalkit.formatting import fmt_bytes
-from evalkit.models import DEFAULT_TOKENS, describe_model, model_info, model_names
+from evalkit.model_adapters.models import DEFAULT_TOKENS, describe_model, model_info, model_names
 from evalkit.probe import check_tokens
 from evalkit.runner.suite import import_plugins
 

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from evalkit.models import config_file
+from evalkit.model_adapters.models import config_file
 from evalkit.probe import check_tokens
 
 
@@ -47,7 +47,7 @@ def figures(spec: str, context: int, dtype: str = "bf16", measure: bool | None =
     check_tokens(context, "--context")
     cfg_path = resolve_config(spec)
     if (_model_type(cfg_path) or "gla") != "gla":
-        from evalkit.cli.state_hf import hf_figures
+        from evalkit.model_adapters.recurrent.state_hf import hf_figures
 
         if measure is None:  # a checkpoint is meant to run here; a bare config.json is not
             measure = not Path(spec).expanduser().is_file()
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(f))
         return 0
     if "family" in f:
-        from evalkit.cli.state_hf import print_hf
+        from evalkit.model_adapters.recurrent.state_hf import print_hf
 
         print_hf(f)
         return 0

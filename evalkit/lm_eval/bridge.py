@@ -55,7 +55,7 @@ from lm_eval.models.utils import (handle_stop_sequences, has_bos_prefix, normali
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from evalkit.models import load_model, option_types, resolve_spec
+from evalkit.model_adapters.models import load_model, option_types, resolve_spec
 
 log = logging.getLogger(__name__)
 
@@ -368,3 +368,4 @@ class EvalkitLM(TemplateLM):
                 "evalkit_options": {k: str(v) for k, v in self.options.items()},
                 "evalkit_identity": self.adapter.identity(),
                 "model_num_parameters": n_params() if n_params is not None else -1}
+

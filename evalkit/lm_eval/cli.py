@@ -8,7 +8,7 @@ Every argument goes to lm-eval's own command line unchanged; the differences fro
 "evalkit" is a known --model (lm-eval 0.4.13 reads no plugin entry points, so the bridge module
 has to be imported before it resolves --model), and the evaluated model's tokenizer folder is
 put in the task metadata unless --model_args / --metadata name a tokenizer (see
-`supply_tokenizer`), so RULER-style tasks need only `--model_args name=...`.
+`run.supply_tokenizer`), so RULER-style tasks need only `--model_args name=...`.
 
 To make the plain `lm-eval` / `lm_eval` command know "evalkit" as well:
     python -m evalkit.lm_eval.cli --install-hook     # writes evalkit-lm-eval.pth to site-packages
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"removed {removed}" if removed else f"no {PTH_NAME} in {site_packages()}")
         return 0
     import evalkit.lm_eval.bridge  # noqa: F401  -- registers "evalkit"
+    from evalkit.lm_eval.run import supply_tokenizer
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
 
@@ -87,30 +88,6 @@ def main(argv: list[str] | None = None) -> int:
 
     # an unknown model or task, a bad model option: one line and exit 2, as from `evalkit run`
     return guarded("evalkit-lm-eval", command)
-
-
-def supply_tokenizer(args) -> None:
-    """lm-eval builds task metadata from --model_args + --metadata before it loads the model, and
-    synthetic tasks (RULER) read their tokenizer from it: lm-eval's `hf` model has one there
-    (pretrained=), `--model evalkit` only name=. For an `evalkit run` on evalkit models, load
-    the model now, as lm-eval will (it then gets this instance: no second load), and add its
-    tokenizer folder to the metadata, as `evalkit run --lm-eval-tasks` does."""
-    if getattr(args, "model", None) != "evalkit":
-        return
-    from lm_eval.config.evaluate_config import EvaluatorConfig
-
-    from evalkit.lm_eval.bridge import EvalkitLM
-    from evalkit.lm_eval.run import tokenizer_folder
-
-    cfg = EvaluatorConfig.from_cli(args)
-    if any(cfg.metadata.get(k) for k in ("tokenizer", "pretrained")):
-        return
-    lm = EvalkitLM.preload(cfg.model_args, {"batch_size": cfg.batch_size,
-                                            "max_batch_size": cfg.max_batch_size,
-                                            "device": cfg.device})
-    folder = tokenizer_folder(lm.tokenizer)
-    if folder:
-        args.metadata = {**(args.metadata or {}), "tokenizer": folder}
 
 
 if __name__ == "__main__":

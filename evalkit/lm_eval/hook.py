@@ -8,7 +8,7 @@ into site-packages that runs this file at interpreter start. It only adds an imp
 (no lm-eval, torch or evalkit import): when `lm_eval.api.registry` is first imported, it
 registers "evalkit" as a lazy "module:Class" entry, which lm-eval imports only when
 `--model evalkit` is asked for; when lm-eval's `run` command module is imported, its runner
-gets evalkit.lm_eval.cli.supply_tokenizer in front (for `--model evalkit` only), so RULER-style
+gets evalkit.lm_eval.run.supply_tokenizer in front (for `--model evalkit` only), so RULER-style
 tasks get the model's tokenizer as with the evalkit-lm-eval wrapper. This file must stay
 dependency-free and must never raise.
 """
@@ -41,7 +41,7 @@ def _supply_tokenizer(module) -> None:
 
         def _execute(args):
             if getattr(args, "model", None) == "evalkit":
-                from evalkit.lm_eval.cli import supply_tokenizer
+                from evalkit.lm_eval.run import supply_tokenizer
 
                 supply_tokenizer(args)
             return original(args)

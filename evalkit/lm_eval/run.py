@@ -299,3 +299,27 @@ def _plain(obj: Any) -> Any:
     """As JSON reads it back (tuples as lists, other objects as strings): comparable with a
     stored key."""
     return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+def supply_tokenizer(args) -> None:
+    """lm-eval builds task metadata from --model_args + --metadata before it loads the model, and
+    synthetic tasks (RULER) read their tokenizer from it: lm-eval's `hf` model has one there
+    (pretrained=), `--model evalkit` only name=. For `--model evalkit`, load the model now, as
+    lm-eval will (it then gets this instance: no second load), and add its tokenizer folder to
+    the metadata, as `evalkit run --lm-eval-tasks` does. Called by evalkit-lm-eval (cli.py)
+    and by the installed hook (hook.py) between parsing and running."""
+    if getattr(args, "model", None) != "evalkit":
+        return
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    from evalkit.lm_eval.bridge import EvalkitLM
+
+    cfg = EvaluatorConfig.from_cli(args)
+    if any(cfg.metadata.get(k) for k in ("tokenizer", "pretrained")):
+        return
+    lm = EvalkitLM.preload(cfg.model_args, {"batch_size": cfg.batch_size,
+                                            "max_batch_size": cfg.max_batch_size,
+                                            "device": cfg.device})
+    folder = tokenizer_folder(lm.tokenizer)
+    if folder:
+        args.metadata = {**(args.metadata or {}), "tokenizer": folder}

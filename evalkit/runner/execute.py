@@ -5,7 +5,7 @@ strings) and forced choice, `score(state, [" " + candidate ids ...])`, unless th
 entry turns forced choice off (`forced_choice: false`: score() is never called, so a served
 sample costs one request). A served model counts what each sample sends (`metered`: its
 tokens_sent and requests). State ownership follows
-evalkit.adapter: `extend` may consume its state, so a state that is still needed is forked
+evalkit.model_adapters.protocol: `extend` may consume its state, so a state that is still needed is forked
 first; the last user of a state consumes it without a copy.
 
 Failure isolation: an exception while answering a question becomes that sample's `error`; one
@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from evalkit.adapter import prefill_batch
+from evalkit.model_adapters.protocol import prefill_batch
 from evalkit.render import ANSWER_STOP, continuation_ids
 from evalkit.result import SampleResult
 from evalkit.runner.plan import Node, Plan, Request, Unit, chain, length_buckets

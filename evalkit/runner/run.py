@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from evalkit import __version__
-from evalkit.adapter import check_identity
+from evalkit.model_adapters.protocol import check_identity
 from evalkit.probe import Probe, canonical_json
 from evalkit.render import Rendered, render
 from evalkit.result import SampleResult
@@ -92,7 +92,7 @@ class _Session:
     def run_model(self, mi: int, m: ResolvedModel) -> None:
         import torch
 
-        from evalkit.models import load_model
+        from evalkit.model_adapters.models import load_model
 
         try:
             adapter = load_model(m.spec, **m.options)

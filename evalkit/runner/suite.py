@@ -326,7 +326,7 @@ def import_plugins(plugins: Sequence[str], where: str) -> None:
 
 
 def _is_served(spec: str) -> bool:
-    from evalkit.models import resolve_spec
+    from evalkit.model_adapters.models import resolve_spec
 
     return resolve_spec(spec)[0].kind == "served"
 
@@ -345,7 +345,7 @@ def _holds_secret(text: str) -> bool:
 
 
 def _check_model(spec: str, where: str, i: int, name: str) -> None:
-    from evalkit.models import resolve_spec
+    from evalkit.model_adapters.models import resolve_spec
 
     if _holds_secret(spec) or _holds_secret(name):
         raise SuiteError(f"{where}: key 'models.{i}': its URL holds credentials or a query string "

@@ -19,7 +19,7 @@ import torch
 
 from evalkit.model_adapters.dtypes import parse_dtype
 from evalkit.model_adapters.gla import window_linear_config as wlc
-from evalkit.state_kind import StateBytes
+from evalkit.model_adapters.state_kind import StateBytes
 
 
 # The typed subset; field types are checked on load (int fields reject floats and bools).

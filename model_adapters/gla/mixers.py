@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.sinks import gather, repeat_heads
 from evalkit.model_adapters.gla.state import STATE_DTYPE, LayerState
-from evalkit.model_adapters.gla.window_linear_ops import window_softmax
+from evalkit.model_adapters.gla.ops.window_linear import window_softmax
 
 
 class ShortConvolution(nn.Module):

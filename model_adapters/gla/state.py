@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from evalkit.state_kind import StateBytes
+from evalkit.model_adapters.state_kind import StateBytes
 
 STATE_DTYPE = torch.float32
 
@@ -38,7 +38,7 @@ class LayerState:
                           self.seen, self.window)
 
     def parts(self) -> StateBytes:
-        """Bytes per sequence, split into fixed / window / growing (evalkit.state_kind)."""
+        """Bytes per sequence, split into fixed / window / growing (evalkit.model_adapters.state_kind)."""
         batch = self.tensors()[0].shape[0]
         fixed = _nbytes(([self.recurrent] if self.recurrent is not None else []) + list(self.conv))
         kv = _nbytes(self.kv)

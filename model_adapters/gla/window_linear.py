@@ -7,8 +7,8 @@ are. Same call as every mixer: (x [B, T, D], LayerState | None, valid, want_stat
 
 Each query sees the last `window` tokens (itself included) and the first `sinks` tokens
 exactly, and the others through a state: a gated linear state (`state: gla`,
-window_linear_ops.py has the combination) or a gated delta-rule memory (`state: gated_delta`,
-window_delta_ops.py). Settings (window_linear_config.py):
+ops/window_linear/ has the combination) or a gated delta-rule memory (`state: gated_delta`,
+ops/window_delta/). Settings (window_linear_config.py):
     window        W, tokens of exact softmax attention (counting the current one)
     sinks         S, the first S tokens kept exact beside the window, at their true positions
     feature_map   "hedgehog": LoLCATs' learned per-head map phi(x) = [softmax(xW), softmax(-xW)],
@@ -51,8 +51,8 @@ from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.mixers import rotate
 from evalkit.model_adapters.gla.sinks import gather, repeat_heads
 from evalkit.model_adapters.gla.state import STATE_DTYPE, LayerState
-from evalkit.model_adapters.gla.window_delta_ops import chunk_window_delta, naive_window_delta
-from evalkit.model_adapters.gla.window_linear_ops import (chunk_window_linear, naive_window_linear,
+from evalkit.model_adapters.gla.ops.window_delta import chunk_window_delta, naive_window_delta
+from evalkit.model_adapters.gla.ops.window_linear import (chunk_window_linear, naive_window_linear,
                                                          window_softmax)
 
 # A learned gate starts input-independent at log a = logsigmoid(3) / 16 ~ -0.003 a token
@@ -172,7 +172,7 @@ class WindowLinearAttention(nn.Module):
                              seen=start + T, window=W)
 
     def _delta(self, x, q_raw, k_raw, q, kr, vr, idx, has, leaving_pos, S0, sinks, kw):
-        """The gated delta-rule state's read-out mixed into the window (window_delta_ops)."""
+        """The gated delta-rule state's read-out mixed into the window (ops/window_delta)."""
         ke, ve = kr[:, :, idx.clamp(min=0)], vr[:, :, idx.clamp(min=0)]      # rotated keys
         if self.theta is not None:  # back to the key before rotary, at its own position
             ke = rotate(ke, -leaving_pos, self.theta)

@@ -18,7 +18,7 @@ from evalkit.model_adapters.hf_base import HFBase, HFState, eos_ids
 from evalkit.model_adapters.recurrent.formula import state_at
 from evalkit.model_adapters.softmax.adapter import load_causal_lm
 from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
-from evalkit.state_kind import StateBytes
+from evalkit.model_adapters.state_kind import StateBytes
 
 # Their full-sequence selective scan starts from a zero state (transformers' mamba_selective_scan:
 # "Initial hidden state is not supported"), so once the cache holds a state, tokens must go one

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from evalkit.state_kind import StateBytes
+from evalkit.model_adapters.state_kind import StateBytes
 
 
 class UnsupportedFamily(ValueError):

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from evalkit.model_adapters.cache_state import TensorState, cache_state
-from evalkit.state_kind import StateBytes
+from evalkit.model_adapters.state_kind import StateBytes
 
 MEASURE_VOCAB = 256
 

@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from evalkit.adapter import AdapterBase, Serving, cut_at_stop
+from evalkit.model_adapters.protocol import AdapterBase, Serving, cut_at_stop
 from evalkit.model_adapters.served.client import Client, ServerError, Timing
 from evalkit.model_adapters.served.urls import clean_url, public_url
 from evalkit.model_adapters.served.state import state_from_config
-from evalkit.models import register_model
-from evalkit.state_kind import StateBytes
+from evalkit.model_adapters.models import register_model
+from evalkit.model_adapters.state_kind import StateBytes
 
 MAX_CONCURRENCY = 1024
 # The echo path asks for one generated token (the least every server accepts: some refuse 0)

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from evalkit.state_kind import StateBytes
+from evalkit.model_adapters.state_kind import StateBytes
 
 
 def _read(config: Path) -> dict:

@@ -18,7 +18,7 @@ from evalkit.model_adapters.softmax.kv_cache import KVProfile, kv_profile, match
 from evalkit.model_adapters.weights import (WeightFileError, check_floating, index_shards,
                                             safetensors_dtypes)
 from evalkit.model_adapters.state_match import matched_state_bytes
-from evalkit.state_kind import StateBytes
+from evalkit.model_adapters.state_kind import StateBytes
 
 INDEX = "model.safetensors.index.json"
 

@@ -73,7 +73,7 @@ def cases() -> list[Case]:
     add(Case("models: plugin syntax error", lambda t: evalkit("models", "--plugins", write(t / "p.py", "def (:\n")), ("p.py", "SyntaxError")))
     add(Case("models: --tokens -1", evalkit("models", "--tokens", "-1"), ("tokens",)))
     add(Case("models: --tokens 10**30", evalkit("models", "--tokens", str(10 ** 30)), ("tokens",)))
-    add(Case("models: plugin registers a duplicate name", lambda t: evalkit("models", "--plugins", write(t / "p.py", "from evalkit.models import register_model\n@register_model('oracle', kind='x', state_kind='x', description='d')\ndef f(path): pass\n")), ("oracle",)))
+    add(Case("models: plugin registers a duplicate name", lambda t: evalkit("models", "--plugins", write(t / "p.py", "from evalkit.model_adapters.models import register_model\n@register_model('oracle', kind='x', state_kind='x', description='d')\ndef f(path): pass\n")), ("oracle",)))
     add(Case("state: missing", evalkit("state", "nope"), ("nope",)))
     add(Case("state: garbage config.json", lambda t: evalkit("state", write(t / "c" / "config.json", "{oops")), ("config.json",)))
     add(Case("state: config wrong types", lambda t: evalkit("state", write(t / "c" / "config.json", json.dumps({"model_type": "gla", "hidden_size": "big", "num_hidden_layers": 2}))), ("hidden_size",)))

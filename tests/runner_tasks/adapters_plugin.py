@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from evalkit.model_adapters.reference import InductionAdapter, MemoryState
-from evalkit.models import MODELS, register_model
+from evalkit.model_adapters.models import MODELS, register_model
 from evalkit.tokenization import load_tokenizer
 
 

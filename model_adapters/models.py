@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from evalkit.adapter import ModelAdapter, check_capabilities
+from evalkit.model_adapters.protocol import ModelAdapter, check_capabilities
 from evalkit.registry import Registry
 
 DEFAULT_TOKENS = 8192
 BUILTIN_MODULES = (
     "evalkit.model_adapters.reference",
-    "evalkit.model_adapters.gla_adapter",
+    "evalkit.model_adapters.gla.adapter",
     "evalkit.model_adapters.softmax",
     "evalkit.model_adapters.hf",
     "evalkit.model_adapters.embedded",

@@ -17,7 +17,7 @@ None where it lacks the capability (AdapterBase gives the Nones; load_model chec
   and metered); the runner, the executor and the board ask this one attribute;
 - `prefill_batch(batch)`: real batching (see prefill_batch below);
 - `state_parts(state)`: the state's bytes split into fixed / window / growing (an
-  evalkit.state_kind.StateBytes, or None when unknown); without it a sample records
+  evalkit.model_adapters.state_kind.StateBytes, or None when unknown); without it a sample records
   `state_bytes` and the adapter's `state_kind`;
 - `num_parameters()`: the weights' parameter count (what lm-eval's model info reports).
 """
@@ -106,10 +106,10 @@ def check_capabilities(adapter: Any, model: str) -> Any:
     missing = [n for n in CAPABILITIES if not hasattr(adapter, n)]
     if missing:
         raise TypeError(f"model {model!r}: {type(adapter).__name__} does not declare "
-                        f"{', '.join(missing)} (inherit evalkit.adapter.AdapterBase, which "
+                        f"{', '.join(missing)} (inherit evalkit.model_adapters.protocol.AdapterBase, which "
                         f"declares them absent, or set each to None or its capability)")
     if adapter.serving is not None and not isinstance(adapter.serving, Serving):
-        raise TypeError(f"model {model!r}: serving must be an evalkit.adapter.Serving or None, "
+        raise TypeError(f"model {model!r}: serving must be an evalkit.model_adapters.protocol.Serving or None, "
                         f"got {type(adapter.serving).__name__}")
     for n in CAPABILITIES[1:]:
         value = getattr(adapter, n)

@@ -1,4 +1,4 @@
-"""The model a cost is measured on (evalkit.cost): a checkpoint's weights, or random weights
+"""The model a cost is measured on (evalkit.model_adapters.cost): a checkpoint's weights, or random weights
 built from its config on the meta device and materialised in the target dtype parameter by
 parameter (never a full fp32 copy); its shape for the FLOP count and the memory estimate, and
 its state formula. One small interface over our GLA and transformers models.
@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
 from evalkit.model_adapters.random_weights import init_std, materialise_random
-from evalkit.state_kind import StateBytes
+from evalkit.model_adapters.state_kind import StateBytes
 
 SEGMENT = 2048          # tokens per prefill step (the GLA's prefill_segment: 16 chunks of 128)
 DTYPES = ("fp32", "bf16")
@@ -191,7 +191,7 @@ def _load_weights(cm: CostModel) -> nn.Module:
 # ---------------------------------------------------------------------------------------
 def resolve_config(spec: str) -> tuple[Path, Path | None]:
     """(config.json, weights folder or None) for a model spec."""
-    from evalkit.models import config_file
+    from evalkit.model_adapters.models import config_file
 
     try:
         cfg = config_file(spec)

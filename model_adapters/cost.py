@@ -50,10 +50,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from evalkit.cost_model import SEGMENT, CostError, CostModel
+from evalkit.model_adapters.cost_model import SEGMENT, CostError, CostModel
 from evalkit.model_adapters.dtypes import dtype_name
 from evalkit.probe import MAX_LENGTH
-from evalkit.state_kind import StateBytes
+from evalkit.model_adapters.state_kind import StateBytes
 
 MAX_CONTEXTS = 16
 MAX_DECODE = 4096

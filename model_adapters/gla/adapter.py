@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from evalkit.adapter import AdapterBase, greedy_generate, greedy_token
+from evalkit.model_adapters.protocol import AdapterBase, greedy_generate, greedy_token
 from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
 from evalkit.model_adapters.gla import xla
 from evalkit.model_adapters.gla.buckets import BucketedRunner, BucketSpec
@@ -39,8 +39,8 @@ from evalkit.model_adapters.gla.model import GLAState
 from evalkit.model_adapters.gla.twin import is_twin, load_twin, parent_folder, twin_files
 from evalkit.model_adapters.random_weights import init_std, weights_id
 from evalkit.model_adapters.weights import weights_hash
-from evalkit.models import register_model
-from evalkit.state_kind import StateBytes
+from evalkit.model_adapters.models import register_model
+from evalkit.model_adapters.state_kind import StateBytes
 from evalkit.tokenization import load_tokenizer, tokenizer_hash
 
 _MAX_LENGTH_KEYS = ("evalkit_max_length",)
@@ -234,7 +234,7 @@ class GLAAdapter(AdapterBase):
         return state.state.nbytes()
 
     def state_parts(self, state: GLASequence) -> StateBytes:
-        """`state_bytes` split into fixed / window / growing parts (evalkit.state_kind)."""
+        """`state_bytes` split into fixed / window / growing parts (evalkit.model_adapters.state_kind)."""
         return state.state.parts()
 
     def state_tensors(self, state: GLASequence) -> list[torch.Tensor]:
