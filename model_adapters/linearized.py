@@ -16,14 +16,6 @@ from evalkit.model_adapters.models import register_model
 TWINS_DIR = Path(__file__).resolve().parent / "twins"
 # name: (state kind, description)
 TWIN_MODELS = {
-    "smollm2-135m-gla-w64": ("hybrid", "SmolLM2-135M linearized: exact softmax over the last 64 "
-                                       "tokens + a gated linear state beyond (every layer)"),
-    "smollm2-135m-gla-w256": ("hybrid", "SmolLM2-135M linearized: exact softmax over the last "
-                                        "256 tokens + a gated linear state beyond (every layer)"),
-    "smollm2-135m-gla-w64-attn3": ("hybrid", "smollm2-135m-gla-w64 with its 3 hardest layers "
-                                             "kept as full attention"),
-    "smollm2-135m-swa-w64": ("kv-window", "SmolLM2-135M with every layer's attention limited "
-                                          "to the last 64 tokens (no state beyond; untrained)"),
     # issue 40's family: 4 attention sinks beside the window, both training stages
     "smollm2-135m-swa-w64-s4": ("kv-window", "SmolLM2-135M with every layer's attention limited "
                                              "to its first 4 and last 64 tokens (untrained)"),
@@ -52,10 +44,6 @@ def _twin(name: str) -> dict:
 
 
 # one call a name: the architecture test reads each name as register_model's literal argument
-register_model("smollm2-135m-gla-w64", **_twin("smollm2-135m-gla-w64"))(_factory("smollm2-135m-gla-w64"))
-register_model("smollm2-135m-gla-w256", **_twin("smollm2-135m-gla-w256"))(_factory("smollm2-135m-gla-w256"))
-register_model("smollm2-135m-gla-w64-attn3", **_twin("smollm2-135m-gla-w64-attn3"))(_factory("smollm2-135m-gla-w64-attn3"))
-register_model("smollm2-135m-swa-w64", **_twin("smollm2-135m-swa-w64"))(_factory("smollm2-135m-swa-w64"))
 register_model("smollm2-135m-swa-w64-s4", **_twin("smollm2-135m-swa-w64-s4"))(_factory("smollm2-135m-swa-w64-s4"))
 register_model("smollm2-135m-gla-w64-s4", **_twin("smollm2-135m-gla-w64-s4"))(_factory("smollm2-135m-gla-w64-s4"))
 register_model("smollm2-135m-gdn-w64-s4", **_twin("smollm2-135m-gdn-w64-s4"))(_factory("smollm2-135m-gdn-w64-s4"))

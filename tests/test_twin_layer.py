@@ -263,25 +263,23 @@ def test_window_linear_needs_attn_and_its_own_layers():
 
 
 # -- the shipped family (model_adapters/twins/, built by make train-twins) ------------------
-@pytest.mark.parametrize("name", ["smollm2-135m-gla-w64", "smollm2-135m-gla-w256",
-                                  "smollm2-135m-gla-w64-attn3", "smollm2-135m-swa-w64",
-                                  "smollm2-135m-swa-w64-s4"])
-def test_shipped_twin_equals_parent_within_window(name, prompts, parent_logits):
-    """Issue 30's bar: on three prompts of at most W tokens each registered twin, assembled
-    from the embedded parent and its trained tensors (shipped in the repo, so never skipped),
-    gives the parent's logits (fp32)."""
+def test_shipped_reference_equals_parent_within_window(prompts, parent_logits):
+    """The sink + window reference (shipped in the repo, so never skipped), assembled from the
+    embedded parent, gives the parent's logits (fp32) on three prompts of at most W tokens.
+    The stateful twins do not: their end-to-end stage moved q/k/v/o (the test below)."""
     from evalkit.model_adapters.models import load_model
 
-    twin = load_model(name)
+    twin = load_model("smollm2-135m-swa-w64-s4")
     assert twin.identity()["window"] >= W
     for ids, want in zip(prompts, parent_logits):
         diff = (twin.model(ids) - want).abs().max().item()
         assert diff <= 1e-4, (ids.shape, diff)
 
 
-def test_shipped_gated_delta_twin_loads_small_and_its_state_matters():
-    """smollm2-135m-gdn-w64-s4 (make train-twins): its folder holds the trained tensors and
-    the end-to-end LoRA as rank-8 factors (no copy of a parent weight), it loads from the
+@pytest.mark.parametrize("name", ["smollm2-135m-gla-w64-s4", "smollm2-135m-gdn-w64-s4"])
+def test_shipped_twin_loads_small_and_its_state_matters(name):
+    """Each stateful twin (make train-twins): its folder holds the trained tensors and the
+    end-to-end LoRA as rank-8 factors (no copy of a parent weight), it loads from the
     embedded parent, and past its 4 sinks + 64-token window its state changes the logits
     (state_off=true is the same twin without it)."""
     from safetensors.torch import load_file
@@ -289,7 +287,6 @@ def test_shipped_gated_delta_twin_loads_small_and_its_state_matters():
     from evalkit.model_adapters.linearized import TWINS_DIR
     from evalkit.model_adapters.models import load_model
 
-    name = "smollm2-135m-gdn-w64-s4"
     folder = TWINS_DIR / name
     meta = json.loads((folder / "twin.json").read_text())
     stored = load_file(str(folder / "twin.safetensors"))
