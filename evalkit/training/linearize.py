@@ -54,6 +54,7 @@ class Member(BaseModel):
     window: int | None = Field(default=None, ge=1, le=8192)
     sinks: int = Field(default=0, ge=0, le=64)
     state: Literal["gla", "gated_delta"] = "gla"
+    gate: Literal["key", "learned", "none"] | None = None   # the recipe's unless set
     end_to_end: bool = True
     keep_attention: tuple[int, ...] = Field(default=(), max_length=256)
     window_only: bool = False
@@ -65,7 +66,7 @@ class Member(BaseModel):
     def _kind(self) -> "Member":
         if self.from_twin is not None:
             if self.keep_worst is None or self.window is not None or self.window_only \
-                    or self.keep_attention or self.sinks or self.state != "gla":
+                    or self.keep_attention or self.sinks or self.state != "gla" or self.gate:
                 raise ValueError(f"{self.name}: a derived twin (from_twin) sets keep_worst and "
                                  f"nothing else (its window, sinks and state are its source's)")
         elif self.window is None:
@@ -73,7 +74,7 @@ class Member(BaseModel):
                              f"sliding-window reference) or from_twin + keep_worst")
         elif self.keep_worst is not None:
             raise ValueError(f"{self.name}: keep_worst needs from_twin")
-        elif self.window_only and (self.keep_attention or self.state != "gla"):
+        elif self.window_only and (self.keep_attention or self.state != "gla" or self.gate):
             raise ValueError(f"{self.name}: a window-only reference keeps no attention layer "
                              f"and has no state (set window and sinks only)")
         return self
@@ -163,6 +164,10 @@ class Recipe(Rates):
     def has_end_to_end(self, m: Member) -> bool:
         return self.end_to_end is not None and m.kind == "trained" and m.end_to_end
 
+    def gate_of(self, m: Member) -> str:
+        """The forget gate of `m`'s state: its own, else the recipe's."""
+        return m.gate or self.gate
+
     def member(self, name: str) -> Member:
         for m in self.twins:
             if m.name == name:
@@ -175,7 +180,9 @@ class Recipe(Rates):
         shared = self.model_dump(mode="json", exclude={
             "twins": True, "threads": True, "save_every_minutes": True,
             "end_to_end": {"save_every_minutes": True}})
-        body = {"recipe": shared, "member": m.model_dump(mode="json")}
+        # a member's own gate is hashed only when set: folders built before it existed stay current
+        body = {"recipe": shared, "member": m.model_dump(
+            mode="json", exclude={"gate"} if m.gate is None else None)}
         if m.from_twin:
             body["from"] = self.member_hash(self.member(m.from_twin))
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

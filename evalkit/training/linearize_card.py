@@ -166,14 +166,15 @@ def member_card(log: dict) -> str:
     sinks = log.get("sinks", 0)
     kept = f"the first {sinks} tokens (sinks) and the last {log['window']}" if sinks else \
         f"the last {log['window']}"
+    gate = log["member"].get("gate") or spec["gate"]
     if log["kind"] == "window_only":
         mixer = f"softmax attention over {kept} tokens"
     elif log.get("state") == "gated_delta":
         mixer = (f"gated delta-rule state (keys and queries through learned per-head maps, "
-                 f"L2-normalised), {spec['gate']} gate, look-back weight {1 - spec['mix']:g} at init")
+                 f"L2-normalised), {gate} gate, look-back weight {1 - spec['mix']:g} at init")
     else:
         mixer = (f"GLA state, {spec['feature_map']} feature map ({spec['feature_dim']} per half), "
-                 f"{spec['gate']} gate, window weight {spec['mix']} at init")
+                 f"{gate} gate, window weight {spec['mix']} at init")
     skipped = (f" {len(c['skipped'])} file(s) skipped: {'; '.join(c['skipped'][:5])}"
                f"{' ...' if len(c['skipped']) > 5 else ''}." if c["skipped"] else "")
     return f"""# {log['name']}

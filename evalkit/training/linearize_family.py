@@ -128,7 +128,7 @@ class Family:
             if m.state == "gla" else {}
         torch.manual_seed(r.seed)  # hedgehog maps wider than a head start random
         return linearize(self.parent, window=m.window, layers=layers, sinks=m.sinks,
-                         state=m.state, gate=r.gate, mix=r.mix, **maps)
+                         state=m.state, gate=r.gate_of(m), mix=r.mix, **maps)
 
 
 def linearized_layers(cfg: GLAConfig) -> list[int]:

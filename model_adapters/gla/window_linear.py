@@ -55,9 +55,23 @@ from evalkit.model_adapters.gla.ops.window_delta import chunk_window_delta, naiv
 from evalkit.model_adapters.gla.ops.window_linear import (chunk_window_linear, naive_window_linear,
                                                          window_softmax)
 
-# A learned gate starts input-independent at log a = logsigmoid(3) / 16 ~ -0.003 a token
-# (half-life ~230 tokens): slow enough not to erase what just left the window.
-LEARNED_GATE_BIAS = 3.0
+# A learned gate starts input-independent, each head with its own half-life, log-spaced from
+# the shortest to the longest below (Gated DeltaNet and Mamba-2 draw each head's time step
+# log-uniformly for the same reason: a spread of memories, some short and some as long as the
+# context). Liger's key gate has no parameters and, on SmolLM2's keys, forgets a fact within
+# about 10 tokens of its leaving the window in every head (measured: half-lives 7-15 tokens),
+# which no training can lengthen.
+LEARNED_HALF_LIVES = (64.0, 8192.0)
+
+
+def learned_gate_bias(heads: int, normalizer: float) -> torch.Tensor:
+    """[H] biases b with logsigmoid(b) / normalizer = log(1/2) / half-life, the half-lives
+    log-spaced over LEARNED_HALF_LIVES."""
+    lo, hi = LEARNED_HALF_LIVES
+    life = torch.logspace(math.log10(lo), math.log10(hi), heads, dtype=torch.float64) \
+        if heads > 1 else torch.tensor([math.sqrt(lo * hi)], dtype=torch.float64)
+    # logsigmoid(b) = -softplus(-b) = normalizer * log(1/2) / life
+    return -torch.log(torch.expm1(normalizer * math.log(2) / life)).float()
 
 
 class WindowLinearAttention(nn.Module):
@@ -92,7 +106,8 @@ class WindowLinearAttention(nn.Module):
         if self.gate == "learned":
             self.g_proj = nn.Linear(h, self.H, bias=True)
             nn.init.zeros_(self.g_proj.weight)
-            nn.init.constant_(self.g_proj.bias, LEARNED_GATE_BIAS)
+            with torch.no_grad():
+                self.g_proj.bias.copy_(learned_gate_bias(self.H, self.gate_normalizer))
         # Which implementation runs: "chunk" (default) or "naive" (the reference).
         self.mode, self.chunk_size = "chunk", 64
         self.state_off = False
