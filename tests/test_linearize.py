@@ -120,12 +120,20 @@ def test_family_folders(built):
     assert max(abs(a - b) for a, b in zip(off[:W], nll_t[:W])) < 1e-3 and off[W:] != nll_t[W:]
     swa = json.loads((out / "toy-swa-w16" / "train_log.json").read_text())
     assert all("state_off" not in v for v in swa["perplexity"].values())  # it has no state
+    # what the state holds, replayed on 2 held-out documents of the longest length (256)
+    held = log["state_anatomy"]
+    assert (held["tokens"], held["sequences"], held["distances"]) == (256, 2, [64, 128])
+    assert sorted(held["layers"]) == ["0", "1"] and "state_anatomy" not in swa
+    assert all(L["half_life"]["median"] > 0 and set(L["readout"]) == {"64", "128"}
+               for L in held["layers"].values())
     derived = json.loads((out / "toy-gla-w16-attn1" / "train_log.json").read_text())
     worst = max(log["heldout_transfer"], key=lambda i: log["heldout_transfer"][i][1])
     assert derived["kept_attention"] == [int(worst)]
     assert derived["linearized_layers"] == [1 - int(worst)]
     card = (out / "toy-gla-w16" / "README.md").read_text()
     assert "toy-gla-w16" in card and "Held-out perplexity" in card and "nan" not in card.lower()
+    assert "## What the state holds" in card and "| held at 128 |" in card
+    assert "What the state holds" not in (out / "toy-swa-w16" / "README.md").read_text()
 
 
 def test_twin_loads_and_equals_parent_inside_window(built, parent_dir):
@@ -177,9 +185,18 @@ def test_second_run_is_current(built, parent_dir):
         n: "current" for n in ("toy-gla-w16", "toy-gla-w16-attn1", "toy-swa-w16")}
 
 
-def test_state_off_perplexity_added_to_a_current_twin(built, parent_dir, tmp_path):
-    """A twin built before the state-off perplexity existed gets it on the next run: its log
-    and card only, the weights untouched."""
+def flat(tree, key=""):
+    """{"a/b": leaf} of a JSON tree (pytest.approx compares flat mappings only)."""
+    if isinstance(tree, dict):
+        return {k: v for name, sub in tree.items() for k, v in flat(sub, f"{key}/{name}").items()}
+    if isinstance(tree, list):
+        return {k: v for i, sub in enumerate(tree) for k, v in flat(sub, f"{key}/{i}").items()}
+    return {key: tree}
+
+
+def test_measures_added_to_a_current_twin(built, parent_dir, tmp_path):
+    """A twin built before the state-off perplexity and the state's anatomy existed gets them
+    on the next run: its log and card only, the weights untouched."""
     out, recipe, _, _ = built
     shutil.copytree(out / "toy-gla-w16", tmp_path / "toy-gla-w16")
     path = tmp_path / "toy-gla-w16" / "train_log.json"
@@ -187,6 +204,7 @@ def test_state_off_perplexity_added_to_a_current_twin(built, parent_dir, tmp_pat
     old = json.loads(path.read_text())
     for v in old["perplexity"].values():
         del v["state_off"]
+    del old["state_anatomy"]
     path.write_text(json.dumps(old))
     weights = (tmp_path / "toy-gla-w16" / "twin.safetensors").read_bytes()
     lines: list[str] = []
@@ -194,12 +212,13 @@ def test_state_off_perplexity_added_to_a_current_twin(built, parent_dir, tmp_pat
         t for t in recipe.model_dump(mode="json")["twins"] if t["name"] == "toy-gla-w16"]})
     assert linearize_family(only, f"hf:{parent_dir}", tmp_path, log=lines.append) == {
         "toy-gla-w16": "current"}
-    assert any("state-off perplexity added" in line for line in lines)
+    assert any("state-off perplexity and state anatomy added" in line for line in lines)
     again = json.loads(path.read_text())
     for L, v in again["perplexity"].items():
         assert v["state_off"]["ppl"] == pytest.approx(full["perplexity"][L]["state_off"]["ppl"],
                                                       rel=1e-6)
     assert (tmp_path / "toy-gla-w16" / "twin.safetensors").read_bytes() == weights
+    assert flat(again["state_anatomy"]) == pytest.approx(flat(full["state_anatomy"]), rel=1e-6)
     assert "twin, state off" in (tmp_path / "toy-gla-w16" / "README.md").read_text()
     lines.clear()  # measured once: the next run only skips it
     linearize_family(only, f"hf:{parent_dir}", tmp_path, log=lines.append)

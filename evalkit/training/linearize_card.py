@@ -95,6 +95,43 @@ def _layers_table(log: dict) -> str:
     return "\n".join(rows)
 
 
+def _anatomy(log: dict) -> str:
+    """The card's "What the state holds" section (evalkit.training.state_anatomy), or ""."""
+    a = log.get("state_anatomy")
+    if not a:
+        return ""
+    delta = log.get("state") == "gated_delta"
+    Ds = [str(D) for D in a["distances"]]
+    share = "look-back weight" if delta else "state weight at the mix"
+    head = (f"| layer | gate half-life, tokens: median (min-max over heads) | {share} | "
+            + " | ".join(f"held at {int(D):,}" for D in Ds) + " |")
+    rows = [head, "| ---: | --- | ---: | " + " | ".join("---:" for _ in Ds) + " |"]
+
+    def life(x):
+        return "no forgetting" if x is None else f"{x:,.1f}"
+    for i in sorted(a["layers"], key=int):
+        L = a["layers"][i]
+        h = L["half_life"]
+        cells = [f"{L['readout'][D]['held']:+.3f}" if D in L["readout"] else "-" for D in Ds]
+        rows.append(f"| {i} | {life(h['median'])} ({life(h['min'])}-{life(h['max'])}) | "
+                    f"{L['lookback' if delta else 'state_weight']:.3f} | " + " | ".join(cells) + " |")
+    rule = ("S_t = a_t (I - b k k^T) S_{t-1} + b k v^T, read k^T S" if delta else
+            "S_t = a_t S_{t-1} + phi(k) [v, 1]^T, read phi(k)^T S normalised")
+    return f"""
+## What the state holds
+
+Each linearized layer's memory replayed from what it was given on {a['sequences']} held-out
+document(s) of {a['tokens']:,} tokens ({rule}). The gate's half-life is how long anything
+written stays (ln(1/2) / mean log a per head). "Held at D" is, for a token D tokens before the
+reading one (it left the {a['window']}-token window D - {a['window']} steps earlier), the
+fraction of its value the memory returns for its own key, less the same read one step before
+it entered (neighbouring tokens are alike, so a memory of the last few tokens already returns
+part of any value): 1 held whole, 0 or below nothing of it left.
+
+{chr(10).join(rows)}
+"""
+
+
 def _training(log: dict) -> str:
     if log["kind"] == "window_only":
         sinks = f"the first {log['sinks']} and " if log.get("sinks") else ""
@@ -221,6 +258,6 @@ MSE between the layer's output and the parent's softmax attention output on the 
 inputs, divided by the mean square of the parent's output.
 
 {_layers_table(log)}
-
+{_anatomy(log)}
 Reproduce: `evalkit linearize {log['parent']} --recipe {log['recipe_path'] or 'RECIPE'} --out DIR --only {log['name']}`.
 """

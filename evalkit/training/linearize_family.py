@@ -17,9 +17,10 @@ For each member, in recipe order (a derived twin after its source):
             `window` tokens.
 Every member is then scored: held-out relative error per layer (what the twin's layers lose
 against the parent's), held-out perplexity beside the parent's and, for a twin with a state,
-beside its own with the state switched off; its folder (gla/twin.py) gets a model card,
-train_log.json and a plot, and is swapped in whole. A current member built before the state-off
-perplexity existed gets it added to its log and card (its weights untouched).
+beside its own with the state switched off, and what its state holds (state_anatomy.py: gate
+half-lives, the memory's read-out by distance); its folder (gla/twin.py) gets a model card,
+train_log.json and a plot, and is swapped in whole. A current member built before one of those
+measures existed gets it added to its log and card (its weights untouched).
 """
 from __future__ import annotations
 
@@ -44,8 +45,10 @@ from evalkit.training.linearize import (Member, Progress, Recipe, heldout_transf
 from evalkit.training.linearize_e2e import end_to_end_stage, parent_hidden
 from evalkit.training.output import check_out, install
 from evalkit.training.prose import TokenStream, heldout_sequences, read_corpus
+from evalkit.training.state_anatomy import state_anatomy
 
 COMMAND = "linearize"
+ANATOMY_DOCUMENTS = 2   # held-out documents the state's anatomy replays (a Python loop a token)
 PROGRESS, RESUME = "progress.json", "resume.safetensors"
 
 
@@ -284,9 +287,9 @@ def linearize_family(recipe: Recipe, parent_spec: str, out: Path, only: Sequence
     for m in todo:
         h = recipe.member_hash(m)
         if is_current(out / m.name, h, fam.parent_sha):
-            added = add_state_off_perplexity(fam, out / m.name)
+            added = add_missing_measures(fam, out / m.name)
             log(f"{m.name}: current (recipe {h[:12]}), skipped"
-                + ("; its state-off perplexity added to its card" if added else ""))
+                + (f"; its {' and '.join(added)} added to its card" if added else ""))
             status[m.name] = "current"
             continue
         out.mkdir(parents=True, exist_ok=True)
@@ -324,27 +327,43 @@ def state_off_perplexity(twin: GLAForCausalLM, fam: Family) -> dict[str, dict] |
             a.state_off = False
 
 
-def add_state_off_perplexity(fam: Family, folder: Path) -> bool:
-    """Give a current twin's train_log.json and card its state-off perplexity when they lack
-    it (built before it was measured). The weights and twin.json stay as they are; each file is
-    replaced atomically, the log last, so an interrupted call is redone by the next."""
+def anatomy(twin: GLAForCausalLM, fam: Family) -> dict | None:
+    """What the twin's state holds (evalkit.training.state_anatomy) on the first two held-out
+    documents of the longest perplexity length; None without a state."""
+    seqs, _ = fam.ppl_seqs[max(fam.ppl_seqs)]
+    return state_anatomy(twin, seqs[:ANATOMY_DOCUMENTS])
+
+
+def add_missing_measures(fam: Family, folder: Path) -> list[str]:
+    """Give a current twin's train_log.json and card the measures added since it was built
+    (its state-off perplexity, what its state holds); returns what was added. The weights and
+    twin.json stay as they are; each file is replaced atomically, the log last, so an
+    interrupted call is redone by the next."""
     from evalkit.training.linearize_card import member_card
 
     path = folder / "train_log.json"
     log = json.loads(path.read_text())
+    if not log.get("state"):
+        return []  # no state to switch off or to measure (a window-only member)
     ppl = log.get("perplexity") or {}
-    if not log.get("state") or all("state_off" in v for v in ppl.values()):
-        return False  # no state to switch off (a window-only member), or already measured
+    todo = [what for what, missing in (
+        ("state-off perplexity", not all("state_off" in v for v in ppl.values())),
+        ("state anatomy", "state_anatomy" not in log)) if missing]
+    if not todo:
+        return []
     if {str(L) for L in fam.ppl_seqs} != set(ppl):
         raise ValueError(f"{path}: perplexity at {sorted(ppl, key=int)} tokens, the recipe "
                          f"scores {sorted(fam.ppl_seqs)}: rebuild the twin to compare")
     twin, _, _ = load_twin(folder, fam.parent)
-    fam.log(f"{folder.name}: held-out perplexity with the state off ...")
-    for L, v in (state_off_perplexity(twin, fam) or {}).items():
-        ppl[L]["state_off"] = v
+    fam.log(f"{folder.name}: measuring its {' and '.join(todo)} ...")
+    if "state-off perplexity" in todo:
+        for L, v in (state_off_perplexity(twin, fam) or {}).items():
+            ppl[L]["state_off"] = v
+    if "state anatomy" in todo:
+        log["state_anatomy"] = anatomy(twin, fam)
     atomic.write_text(folder / "README.md", member_card(log))
     atomic.write_json(path, log)  # last: the log is what says it is done
-    return True
+    return todo
 
 
 def _finish(fam: Family, m: Member, twin: GLAForCausalLM, info: dict,
@@ -362,6 +381,7 @@ def _finish(fam: Family, m: Member, twin: GLAForCausalLM, info: dict,
            for L, (s, names) in fam.ppl_seqs.items()}
     for L, v in (state_off_perplexity(twin, fam) or {}).items():
         ppl[L]["state_off"] = v
+    held = anatomy(twin, fam)
     log = {"name": m.name, "kind": m.kind, "member": m.model_dump(mode="json"),
            "recipe": fam.recipe.model_dump(mode="json"), "recipe_path": recipe_path,
            "recipe_hash": member_hash, "parent": fam.parent_spec, "parent_hash": fam.parent_sha,
@@ -371,7 +391,8 @@ def _finish(fam: Family, m: Member, twin: GLAForCausalLM, info: dict,
            "delta": sorted(delta),
            "heldout_transfer": {str(i): list(v) for i, v in transfer.items()},
            "heldout_relative_mean": mean_relative(transfer) if transfer else None,
-           "perplexity": ppl, "eval_seconds": time.time() - t0, "build_seconds": seconds,
+           "perplexity": ppl, **({"state_anatomy": held} if held else {}),
+           "eval_seconds": time.time() - t0, "build_seconds": seconds,
            "parameters_trained": sum(p.numel() for n, p in twin.named_parameters()
                                      if n in set(info["trained"])),
            "state_bytes": {str(T): twin.config.state_bytes("float32", T) for T in (2048, 8192)},

@@ -111,6 +111,9 @@ class WindowLinearAttention(nn.Module):
         # Which implementation runs: "chunk" (default) or "naive" (the reference).
         self.mode, self.chunk_size = "chunk", 64
         self.state_off = False
+        # A list to keep what each forward writes into the state (evalkit.training.state_anatomy
+        # replays the memory from it), or None: never saved, off unless a measurement sets it.
+        self.record: list[dict[str, torch.Tensor]] | None = None
 
     def _map_init(self, f: int) -> torch.Tensor:
         if f == self.d:
@@ -177,8 +180,11 @@ class WindowLinearAttention(nn.Module):
             ke, ve = kr[:, :, idx.clamp(min=0)], vr[:, :, idx.clamp(min=0)]  # [B, H, T, d]
             fk = torch.where(has, self.features(ke, "k_map"), 0.0)
             u = torch.where(has, ve.float(), 0.0)
+            log_a = self.log_gate(x, k_raw)
+            self._keep(key=fk, value=u, log_a=log_a, has=has[0, 0, :, 0],
+                       state_weight=1 - torch.sigmoid(self.mix_logit.detach()))
             op = naive_window_linear if self.mode == "naive" else chunk_window_linear
-            o, S = op(q, kr, vr, self.features(q, "q_map"), fk, u, self.log_gate(x, k_raw),
+            o, S = op(q, kr, vr, self.features(q, "q_map"), fk, u, log_a,
                       torch.sigmoid(self.mix_logit), W, S0, **sinks, **kw)
         o = self.o_proj(o.to(x.dtype).transpose(1, 2).reshape(B, T, H * d))
         if not want_state:
@@ -198,6 +204,16 @@ class WindowLinearAttention(nn.Module):
                              + self.b_bias.float()[:, None])
         h = has[..., 0].float()                                               # [1, 1, T]
         lam = torch.sigmoid(self.l_proj(x).float()).transpose(1, 2) * h      # [B, H, T]
+        kd, vd, log_a = torch.where(has, kd, 0.0), torch.where(has, ve.float(), 0.0), \
+            self.log_gate(x, k_raw)
+        self._keep(key=kd, value=vd, log_a=log_a, has=has[0, 0, :, 0], beta=beta * h, lookback=lam)
         op = naive_window_delta if self.mode == "naive" else chunk_window_delta
-        return op(q, kr, vr, qd, torch.where(has, kd, 0.0), torch.where(has, ve.float(), 0.0),
-                  self.log_gate(x, k_raw), beta * h, lam, self.window, S0, **sinks, **kw)
+        return op(q, kr, vr, qd, kd, vd, log_a, beta * h, lam, self.window, S0, **sinks, **kw)
+
+    def _keep(self, **inputs: torch.Tensor) -> None:
+        """What this forward writes into the state, for a measurement that set `record`:
+        key / value [B, H, T, .] of the token entering at each step, log_a [B, H, T], has [T]
+        (a token enters at that step), and the delta rule's beta / lookback [B, H, T] or
+        GLA's state_weight [H] (1 - the window weight at the mix)."""
+        if self.record is not None:
+            self.record.append({k: v.detach().float() for k, v in inputs.items()})
