@@ -45,7 +45,9 @@ def replay(key: torch.Tensor, value: torch.Tensor, log_a: torch.Tensor, has: tor
     delta = beta is not None
     S = key.new_zeros(B, H, K, V if delta else V + 1)
     ones = key.new_ones(B, H, 1)
-    sums = {s: [0.0, 0.0, 0] for s in steps}
+    entered = has.tolist()
+    total = key.new_zeros(2, len(steps))                   # summed strength, error per s
+    reads = [0] * len(steps)
     for t in range(T):
         k = key[:, :, t]
         if delta:
@@ -55,19 +57,23 @@ def replay(key: torch.Tensor, value: torch.Tensor, log_a: torch.Tensor, has: tor
         else:
             S = log_a[:, :, t, None, None].exp() * S + \
                 k[..., None] * torch.cat([value[:, :, t], ones], -1)[:, :, None, :]
-        for s in steps:
-            j = t - s
-            if not 0 <= j < T or not bool(has[j]):
-                continue
-            r = (key[:, :, j, None, :] @ S)[:, :, 0]                         # [B, H, V(+1)]
-            if not delta:
-                r = r[..., :V] / r[..., V:].clamp_min(1e-12)
-            v = value[:, :, j]
-            vv = (v * v).sum(-1).clamp_min(1e-12)
-            sums[s][0] += ((r * v).sum(-1) / vv).sum().item()
-            sums[s][1] += ((r - v).norm(dim=-1) / vv.sqrt()).sum().item()
-            sums[s][2] += B * H
-    return {s: (a / n, e / n, n) for s, (a, e, n) in sums.items() if n}, S
+        which = [i for i, s in enumerate(steps) if 0 <= t - s < T and entered[t - s]]
+        if not which:
+            continue
+        js = [t - steps[i] for i in which]
+        r = key[:, :, js] @ S                                                # [B, H, n, V(+1)]
+        if not delta:
+            r = r[..., :V] / r[..., V:].clamp_min(1e-12)
+        v = value[:, :, js]
+        vv = (v * v).sum(-1).clamp_min(1e-12)
+        got = torch.stack([((r * v).sum(-1) / vv).sum((0, 1)),
+                           ((r - v).norm(dim=-1) / vv.sqrt()).sum((0, 1))])   # [2, n]
+        total.index_add_(1, torch.tensor(which), got)
+        for i in which:
+            reads[i] += B * H
+    out = {s: (total[0, i].item() / reads[i], total[1, i].item() / reads[i], reads[i])
+           for i, s in enumerate(steps) if reads[i]}
+    return out, S
 
 
 def half_lives(log_a: torch.Tensor, has: torch.Tensor) -> list[float]:
