@@ -126,6 +126,13 @@ def state_anatomy(twin: torch.nn.Module, seqs: torch.Tensor,
         for a in layers.values():
             a.record = None
     usable = tuple(D for D in distances if D < seqs.shape[1])
+    # The replay is a loop of products of 64 x 64 matrices: one thread runs it fastest, and on
+    # a busy machine several threads wait on each other at every step (minutes, not seconds).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        layers = {str(i): layer_anatomy(r, window, usable) for i, r in recs.items()}
+    finally:
+        torch.set_num_threads(threads)
     return {"tokens": int(seqs.shape[1]), "sequences": int(seqs.shape[0]),
-            "window": window, "distances": list(usable),
-            "layers": {str(i): layer_anatomy(r, window, usable) for i, r in recs.items()}}
+            "window": window, "distances": list(usable), "layers": layers}
