@@ -30,7 +30,8 @@ from test_linearize import W, build, corpus_roots, parent_dir, recipe_dict  # no
 
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
 GLA = {"name": "toy-gla-w16-s2", "window": W, "sinks": 2}
-GDN = {"name": "toy-gdn-w16-s2", "window": W, "sinks": 2, "state": "gated_delta"}
+GDN = {"name": "toy-gdn-w16-s2", "window": W, "sinks": 2, "state": "gated_delta",
+       "gate": "learned"}   # its own gate, as the shipped recipe's gated delta twin
 E2E = {"seq_len": 256, "batch": 1, "steps": 6, "minutes": 10, "warmup": 1,
        "sweep": {"lrs": [0.001, 0.003], "steps": 2}, "heldout_sequences": 2, "every": 3}
 
@@ -78,6 +79,10 @@ def test_stage_lowers_heldout_kl_and_is_recorded(built, name):
         "config.json", "twin.json", "twin.safetensors", "README.md", "train_log.json", "loss.png"}
     card = (out / name / "README.md").read_text()
     assert "Then end to end" in card and "LoRA of rank 8" in card and "held-out KL" in card
+    gate = "learned" if "gdn" in name else "key"   # the member's own gate reaches the twin
+    assert json.loads((out / name / "config.json").read_text())["window_linear"]["gate"] == gate
+    assert f"{gate} gate" in card
+    assert any(".attn.g_proj." in t for t in meta["trained"]) == (gate == "learned")
     assert "the first 2 tokens (sinks) and the last 16" in card
     assert any(f"{name}: end-to-end sweep lr 0.003" in s for s in lines)
 
@@ -260,3 +265,23 @@ def test_shipped_recipe_is_issue_40s_family():
         ("smollm2-135m-gdn-w64-s4", "trained", 64, 4, "gated_delta")]
     e = r.end_to_end
     assert e.seq_len >= 2048 and e.lora_rank == 8 and all(r.has_end_to_end(m) for m in r.twins[1:])
+    # the gated delta twin learns its gate; the others keep the recipe's (key) gate
+    assert [r.gate_of(m) for m in r.twins] == ["key", "key", "learned"]
+
+
+def test_a_members_own_gate(corpus_roots):
+    """A member's `gate` overrides the recipe's and reaches the twin; unset, it is left out of
+    the member hash, so folders built before the field existed stay current."""
+    from evalkit.training.linearize import Member
+
+    base = e2e_recipe(corpus_roots)
+    r = Recipe.model_validate(base)
+    own = Recipe.model_validate({**base, "twins": [{**base["twins"][0], "gate": "learned"}]})
+    same = Recipe.model_validate({**base, "twins": [{**base["twins"][0], "gate": r.gate}]})
+    m, m_own = r.twins[0], own.twins[0]
+    assert r.gate_of(m) == r.gate and own.gate_of(m_own) == "learned"
+    assert "gate" not in json.dumps(m.model_dump(mode="json", exclude={"gate"}))
+    assert r.member_hash(m) != own.member_hash(m_own) != same.member_hash(same.twins[0])
+    assert r.member_hash(m) != same.member_hash(same.twins[0])  # set = hashed, even if equal
+    with pytest.raises(ValueError, match="window-only reference"):
+        Member(name="w", window=8, window_only=True, gate="learned")
