@@ -13,9 +13,10 @@ Per layer, over the heads and the tokens that entered the state:
   of neighbouring tokens are alike, so a memory holding only the last few tokens still returns
   part of any value; `held` is what the memory keeps of this token itself.
 
-The replay is the token-by-token rule of ops/window_delta (S_t = a_t (I - b k k^T) S_{t-1}
-+ b k v^T, read k^T S) and of ops/window_linear's state (S_t = a_t S_{t-1} + phi(k) [v, 1]^T,
-read the normalised phi(k)^T S), so a measured loss is the state's own, not the window's.
+The replay steps the ops' own token-by-token references (gated_delta/naive.py: S_t = a_t (I -
+b k k^T) S_{t-1} + b k v^T, read k^T S; naive.py's GLA over [v, 1]: S_t = a_t S_{t-1} + phi(k)
+[v, 1]^T, read the normalised phi(k)^T S), so a measured loss is the state's own, not the
+window's.
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ import math
 from typing import Any
 
 import torch
+
+from evalkit.model_adapters.gla.ops.gated_delta.naive import naive_recurrent_gated_delta
+from evalkit.model_adapters.gla.ops.naive import naive_recurrent_gla
 
 # distances from the reading token (tokens) at which a fact's read-out is measured
 DISTANCES = (64, 128, 256, 512, 1024, 2048)
@@ -48,15 +52,18 @@ def replay(key: torch.Tensor, value: torch.Tensor, log_a: torch.Tensor, has: tor
     entered = has.tolist()
     total = key.new_zeros(2, len(steps))                   # summed strength, error per s
     reads = [0] * len(steps)
+    lay = lambda x, t: x[:, :, t:t + 1].transpose(1, 2)                   # fla's [B, 1, H, .]
     for t in range(T):
-        k = key[:, :, t]
+        # one step of the ops' own references (gla/ops: naive.py, gated_delta/naive.py)
+        k = lay(key, t)
         if delta:
-            b = beta[:, :, t, None, None]
-            S = log_a[:, :, t, None, None].exp() * (S - b * k[..., None] @ (k[:, :, None] @ S))
-            S = S + b * k[..., None] @ value[:, :, t, None, :]
+            _, S = naive_recurrent_gated_delta(k, k, lay(value, t), lay(log_a[..., None], t)[..., 0],
+                                               lay(beta[..., None], t)[..., 0], scale=1.0,
+                                               initial_state=S, output_final_state=True)
         else:
-            S = log_a[:, :, t, None, None].exp() * S + \
-                k[..., None] * torch.cat([value[:, :, t], ones], -1)[:, :, None, :]
+            v1 = torch.cat([lay(value, t), ones[:, None]], -1)                   # [v, 1]
+            g = lay(log_a[..., None], t).expand_as(k)                            # one gate a head
+            _, S = naive_recurrent_gla(k, k, v1, g, initial_state=S, output_final_state=True)
         which = [i for i, s in enumerate(steps) if 0 <= t - s < T and entered[t - s]]
         if not which:
             continue
