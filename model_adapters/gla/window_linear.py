@@ -206,9 +206,10 @@ class WindowLinearAttention(nn.Module):
         lam = torch.sigmoid(self.l_proj(x).float()).transpose(1, 2) * h      # [B, H, T]
         kd, vd, log_a = torch.where(has, kd, 0.0), torch.where(has, ve.float(), 0.0), \
             self.log_gate(x, k_raw)
-        self._keep(key=kd, value=vd, log_a=log_a, has=has[0, 0, :, 0], beta=beta * h, lookback=lam)
+        beta = beta * h
+        self._keep(key=kd, value=vd, log_a=log_a, has=has[0, 0, :, 0], beta=beta, lookback=lam)
         op = naive_window_delta if self.mode == "naive" else chunk_window_delta
-        return op(q, kr, vr, qd, kd, vd, log_a, beta * h, lam, self.window, S0, **sinks, **kw)
+        return op(q, kr, vr, qd, kd, vd, log_a, beta, lam, self.window, S0, **sinks, **kw)
 
     def _keep(self, **inputs: torch.Tensor) -> None:
         """What this forward writes into the state, for a measurement that set `record`:
