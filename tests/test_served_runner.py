@@ -37,6 +37,8 @@ class OneSlot(Fake):
         self.slot = threading.Lock()
         self.wake = threading.Event()  # set: every wait ends now (a stop, or a test's release)
         self.greedy: list[float] = []  # time.monotonic() each greedy request arrived
+        # the answer of each greedy request served -> time.monotonic() it arrived and was sent
+        self.served: dict[str, tuple[float, float]] = {}
 
     def __exit__(self, *exc) -> None:
         self.wake.set()
@@ -68,7 +70,10 @@ class OneSlot(Fake):
             return
         with self.slot:  # one request at a time: the others queue here, as at a busy server
             self.wake.wait(self.service_s(n) if callable(self.service_s) else self.service_s)
-        h.sse([self.answer(prompts[0]), ""])
+        said = self.answer(prompts[0])
+        h.sse([said, ""])
+        with self.lock:
+            self.served[said.strip(" .\n")] = (self.greedy[n - 1], time.monotonic())
 
 
 def suite_file(tmp: Path, url: str, *, samples: int = 4, lengths=(64, 128),
@@ -102,16 +107,24 @@ def test_open_loop_response_time_holds_the_queue(tmp_path):
     assert rc == 0 and len(rows) == 16 and all(r["error"] is None for r in rows)
     assert {r["arrivals"] for r in rows} == {"poisson:4/s"}
     rows.sort(key=lambda r: r["due_s"])
-    finish, expected = 0.0, []
+    finish, model = 0.0, []
     for r in rows:  # the one-slot queue: each starts when due or when the one before ends
         finish = max(finish, r["due_s"]) + service
-        expected.append(finish - r["due_s"])
+        model.append(finish - r["due_s"])
     got = [r["latency_s"] for r in rows]
     p99 = float(np.percentile(got, 99))
-    print(f"response p99 {p99:.2f} s (queue model {np.percentile(expected, 99):.2f} s); "
+    print(f"response p99 {p99:.2f} s (queue model {np.percentile(model, 99):.2f} s); "
           f"service p50 {np.median([r['service_s'] for r in rows]):.2f} s")
-    assert p99 > 4 * service and p99 >= 0.85 * float(np.percentile(expected, 99))
-    assert np.allclose(got, expected, atol=0.35)  # sample by sample, within HTTP overheads
+    assert p99 > 4 * service and p99 >= 0.85 * float(np.percentile(model, 99))
+    # Sample by sample, against the server's own clock (the same time.monotonic(): it runs in
+    # this process): each response time is from the request's due time to when the server
+    # sent its answer. The queue model drifts from that on a busy machine, as every 0.5 s wait
+    # overruns a little and a queue adds the overruns up; the server's clock has no such drift.
+    served = {r["gold"][0]: srv.served[r["gold"][0]] for r in rows}
+    assert len(served) == len(rows) == len(srv.served), "one greedy request a sample, by needle"
+    start = min(arrived - r["due_s"] for r, (arrived, _) in zip(rows, served.values()))
+    waited = [sent - start - r["due_s"] for r, (_, sent) in zip(rows, served.values())]
+    assert np.allclose(got, waited, atol=0.1), list(zip(got, waited))  # HTTP overheads
     assert all(r["queue_s"] == 0.0 for r in rows)  # sent when due: concurrency 1 is no cap
     assert all(r["attempts"] == 1 and r["service_s"] <= r["latency_s"] + 1e-6 for r in rows)
     assert all(r["scores"]["exact_match"] == 1.0 for r in rows)  # the fake copies the needle
