@@ -23,6 +23,8 @@ TWIN_MODELS = {
                                           "4 and last 64 tokens + a gated linear state beyond"),
     "smollm2-135m-gdn-w64-s4": ("hybrid", "SmolLM2-135M linearized: exact softmax over the first "
                                           "4 and last 64 tokens + a gated delta-rule state beyond"),
+    "smollm2-135m-gdn-w64-s4-recall": ("hybrid", "smollm2-135m-gdn-w64-s4 trained further to "
+                                                 "recall snippets copied past its window"),
 }
 BUILD = ("evalkit linearize smollm2-135m --recipe configs/linearize.yaml --only {name} "
          "(make train-twins)")
@@ -47,3 +49,4 @@ def _twin(name: str) -> dict:
 register_model("smollm2-135m-swa-w64-s4", **_twin("smollm2-135m-swa-w64-s4"))(_factory("smollm2-135m-swa-w64-s4"))
 register_model("smollm2-135m-gla-w64-s4", **_twin("smollm2-135m-gla-w64-s4"))(_factory("smollm2-135m-gla-w64-s4"))
 register_model("smollm2-135m-gdn-w64-s4", **_twin("smollm2-135m-gdn-w64-s4"))(_factory("smollm2-135m-gdn-w64-s4"))
+register_model("smollm2-135m-gdn-w64-s4-recall", **_twin("smollm2-135m-gdn-w64-s4-recall"))(_factory("smollm2-135m-gdn-w64-s4-recall"))

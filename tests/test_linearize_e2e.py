@@ -111,11 +111,11 @@ def test_killed_stage_resumes_to_the_same_tensors(built, parent_dir, corpus_root
     assert recipe.member_hash(recipe.twins[0]) == built[1].member_hash(built[1].twins[0])
     real, calls = e2e.kl_step, {"n": 0}
 
-    def dies(parent, twin, ids):
+    def dies(*args):
         calls["n"] += 1
         if calls["n"] == 2 * 2 + 4:  # the sweep's 2 x 2 steps, then the 4th step of the run
             raise KeyboardInterrupt
-        return real(parent, twin, ids)
+        return real(*args)
 
     monkeypatch.setattr(e2e, "kl_step", dies)
     with pytest.raises(KeyboardInterrupt):
@@ -262,11 +262,15 @@ def test_shipped_recipe_is_issue_40s_family():
     assert [(m.name, m.kind, m.window, m.sinks, m.state) for m in r.twins] == [
         ("smollm2-135m-swa-w64-s4", "window_only", 64, 4, "gla"),
         ("smollm2-135m-gla-w64-s4", "trained", 64, 4, "gla"),
-        ("smollm2-135m-gdn-w64-s4", "trained", 64, 4, "gated_delta")]
+        ("smollm2-135m-gdn-w64-s4", "trained", 64, 4, "gated_delta"),
+        ("smollm2-135m-gdn-w64-s4-recall", "recall", None, 0, "gla")]
     e = r.end_to_end
-    assert e.seq_len >= 2048 and e.lora_rank == 8 and all(r.has_end_to_end(m) for m in r.twins[1:])
+    assert e.seq_len >= 2048 and e.lora_rank == 8 and all(r.has_end_to_end(m) for m in r.twins[1:3])
     # the gated delta twin learns its gate; the others keep the recipe's (key) gate
-    assert [r.gate_of(m) for m in r.twins] == ["key", "key", "learned"]
+    assert [r.gate_of(m) for m in r.twins[:3]] == ["key", "key", "learned"]
+    # the recall member: the gated delta twin, its copies past its window
+    assert r.twins[3].from_twin == "smollm2-135m-gdn-w64-s4"
+    assert r.recall.copies.min_distance >= 64 and r.recall.lora_rank == 8
 
 
 def test_a_members_own_gate(corpus_roots):

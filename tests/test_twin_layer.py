@@ -276,12 +276,14 @@ def test_shipped_reference_equals_parent_within_window(prompts, parent_logits):
         assert diff <= 1e-4, (ids.shape, diff)
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-gla-w64-s4", "smollm2-135m-gdn-w64-s4"])
-def test_shipped_twin_loads_small_and_its_state_matters(name):
+@pytest.mark.parametrize("name, rank", [("smollm2-135m-gla-w64-s4", 8),
+                                        ("smollm2-135m-gdn-w64-s4", 8),
+                                        ("smollm2-135m-gdn-w64-s4-recall", 16)])
+def test_shipped_twin_loads_small_and_its_state_matters(name, rank):
     """Each stateful twin (make train-twins): its folder holds the trained tensors and the
-    end-to-end LoRA as rank-8 factors (no copy of a parent weight), it loads from the
-    embedded parent, and past its 4 sinks + 64-token window its state changes the logits
-    (state_off=true is the same twin without it)."""
+    LoRAs as low-rank factors (rank 8 a stage; the recall twin keeps its source's beside its
+    own: no copy of a parent weight), it loads from the embedded parent, and past its 4 sinks +
+    64-token window its state changes the logits (state_off=true is the same twin without it)."""
     from safetensors.torch import load_file
 
     from evalkit.model_adapters.linearized import TWINS_DIR
@@ -291,7 +293,7 @@ def test_shipped_twin_loads_small_and_its_state_matters(name):
     meta = json.loads((folder / "twin.json").read_text())
     stored = load_file(str(folder / "twin.safetensors"))
     assert len(meta["delta"]) == 4 * 30 and all(
-        stored[f"delta.{n}.a"].shape[0] == 8 == stored[f"delta.{n}.b"].shape[1]
+        stored[f"delta.{n}.a"].shape[0] == rank == stored[f"delta.{n}.b"].shape[1]
         for n in meta["delta"])
     assert (folder / "twin.safetensors").stat().st_size < 20 * 2**20
     on, off = load_model(name), load_model(name, state_off=True)

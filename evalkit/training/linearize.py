@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from evalkit.training.copies import CopySpec
 from evalkit.training.mqar import Sweep  # the same small sweep as the MQAR twins'
 from evalkit.training.prose import CorpusConfig
 from evalkit.training.train import lr_at
@@ -47,6 +48,8 @@ class Member(BaseModel):
       attention transfer unless `end_to_end: false`);
     - derived: `from_twin` + `keep_worst` (that trained twin, its keep_worst layers of highest
       held-out relative error restored to full attention, nothing trained);
+    - recall: `from_twin` + `recall: true` (that trained twin, trained further by the recipe's
+      recall stage: prose with earlier snippets copied forward past the window, copies.py);
     - window-only: `window` + `window_only: true` (the parent with a sliding window).
     `sinks`: the first S tokens stay exact softmax keys beside the window (StreamingLLM)."""
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -60,29 +63,33 @@ class Member(BaseModel):
     window_only: bool = False
     from_twin: str | None = None
     keep_worst: int | None = Field(default=None, ge=1, le=256)
+    recall: bool = False
     minutes: float | None = Field(default=None, gt=0, le=600)   # this member's time cap
 
     @model_validator(mode="after")
     def _kind(self) -> "Member":
         if self.from_twin is not None:
-            if self.keep_worst is None or self.window is not None or self.window_only \
-                    or self.keep_attention or self.sinks or self.state != "gla" or self.gate:
-                raise ValueError(f"{self.name}: a derived twin (from_twin) sets keep_worst and "
-                                 f"nothing else (its window, sinks and state are its source's)")
+            if (self.keep_worst is None) == (not self.recall) or self.window is not None \
+                    or self.window_only or self.keep_attention or self.sinks \
+                    or self.state != "gla" or self.gate:
+                raise ValueError(f"{self.name}: a twin made from another (from_twin) sets either "
+                                 f"keep_worst or recall: true, and nothing else (its window, "
+                                 f"sinks and state are its source's)")
         elif self.window is None:
             raise ValueError(f"{self.name}: set window (a trained twin or, with window_only, a "
-                             f"sliding-window reference) or from_twin + keep_worst")
-        elif self.keep_worst is not None:
-            raise ValueError(f"{self.name}: keep_worst needs from_twin")
+                             f"sliding-window reference) or from_twin + keep_worst / recall")
+        elif self.keep_worst is not None or self.recall:
+            raise ValueError(f"{self.name}: {'keep_worst' if self.recall is False else 'recall'} "
+                             f"needs from_twin")
         elif self.window_only and (self.keep_attention or self.state != "gla" or self.gate):
             raise ValueError(f"{self.name}: a window-only reference keeps no attention layer "
                              f"and has no state (set window and sinks only)")
         return self
 
     @property
-    def kind(self) -> Literal["trained", "derived", "window_only"]:
-        return ("derived" if self.from_twin else "window_only" if self.window_only
-                else "trained")
+    def kind(self) -> Literal["trained", "derived", "recall", "window_only"]:
+        return ("recall" if self.recall else "derived" if self.from_twin
+                else "window_only" if self.window_only else "trained")
 
 
 class Evaluation(BaseModel):
@@ -126,6 +133,15 @@ class EndToEnd(Rates):
     save_every_minutes: float = Field(default=5.0, gt=0, le=600)
 
 
+class Recall(EndToEnd):
+    """The recall stage: a trained twin (`from_twin`) trained further to the parent's
+    next-token distribution on prose whose earlier snippets come back past the window
+    (copies.py), the copies' positions `copies.weight` of the loss; scored by the held-out
+    weighted KL, with the copies' top-1 agreement beside it."""
+    seq_len: int = Field(default=1024, ge=16, le=8192)
+    copies: CopySpec
+
+
 class Recipe(Rates):
     corpus: CorpusConfig
     seq_len: int = Field(ge=16, le=8192)
@@ -143,6 +159,7 @@ class Recipe(Rates):
     save_every_minutes: float = Field(default=10.0, gt=0, le=600)
     eval: Evaluation = Evaluation()
     end_to_end: EndToEnd | None = None                          # stage 2 of trained twins
+    recall: Recall | None = None                                # recall members' stage
     twins: tuple[Member, ...] = Field(min_length=1, max_length=16)
 
     @model_validator(mode="after")
@@ -155,11 +172,23 @@ class Recipe(Rates):
                 if src is None or src.kind != "trained":
                     raise ValueError(f"{m.name}: from_twin {m.from_twin!r} must name a trained "
                                      f"twin listed before it")
+                if m.recall:
+                    self._check_recall(m, src)
             if self.has_end_to_end(m) and self.end_to_end.seq_len <= m.window + m.sinks:
                 raise ValueError(f"{m.name}: end_to_end.seq_len {self.end_to_end.seq_len} must "
                                  f"be past its window + sinks ({m.window + m.sinks}): the stage "
                                  f"trains what the state adds")
         return self
+
+    def _check_recall(self, m: Member, src: Member) -> None:
+        r = self.recall
+        if r is None:
+            raise ValueError(f"{m.name}: recall: true needs the recipe's `recall` stage")
+        if r.copies.min_distance < src.window:
+            raise ValueError(f"{m.name}: recall.copies.min_distance {r.copies.min_distance} must "
+                             f"be at least its window ({src.window}): a copy's source inside the "
+                             f"window trains the window, not the state")
+        r.copies.check_fits(r.seq_len, src.sinks, f"{m.name}: recall")
 
     def has_end_to_end(self, m: Member) -> bool:
         return self.end_to_end is not None and m.kind == "trained" and m.end_to_end
@@ -178,13 +207,17 @@ class Recipe(Rates):
         """What a twin folder is current for: every setting that changes its tensors (not the
         thread count or the save interval), and a derived twin's source's."""
         shared = self.model_dump(mode="json", exclude={
-            "twins": True, "threads": True, "save_every_minutes": True,
+            "twins": True, "threads": True, "save_every_minutes": True, "recall": True,
             "end_to_end": {"save_every_minutes": True}})
-        # a member's own gate is hashed only when set: folders built before it existed stay current
-        body = {"recipe": shared, "member": m.model_dump(
-            mode="json", exclude={"gate"} if m.gate is None else None)}
+        # a member's own gate and recall are hashed only when set, the recall stage only for
+        # the members it trains: folders built before they existed stay current
+        unset = {k for k, v in (("gate", m.gate is None), ("recall", not m.recall)) if v}
+        body = {"recipe": shared, "member": m.model_dump(mode="json", exclude=unset or None)}
         if m.from_twin:
             body["from"] = self.member_hash(self.member(m.from_twin))
+        if m.recall:
+            body["recall"] = self.recall.model_dump(mode="json",
+                                                    exclude={"save_every_minutes"})
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 

@@ -8,13 +8,14 @@ from evalkit.formatting import fmt_bytes
 
 WHAT = {"trained": "linearized twin",
         "derived": "linearized twin with its hardest layers kept as full attention",
+        "recall": "linearized twin trained further to recall past its window",
         "window_only": "sliding-window reference (no state beyond the window, nothing trained)"}
 
 
 def member_plot(log: dict, path: Path) -> None:
     from matplotlib.figure import Figure
 
-    e2e = log.get("end_to_end")
+    e2e = log.get("end_to_end") or log.get("recall")
     fig = Figure(figsize=(16 if e2e else 12, 3.6))
     ax1, ax2, ax3, *ax4 = fig.subplots(1, 4 if e2e else 3)
     final = (log.get("final") or {}).get("loss") or []
@@ -50,13 +51,13 @@ def member_plot(log: dict, path: Path) -> None:
     ax3.set_xlabel("position")
     ax3.legend(fontsize=7)
     if e2e:
-        _kl_panel(ax4[0], e2e)
+        _kl_panel(ax4[0], e2e, "recall" if "recall" in log else "end-to-end")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
 
-def _kl_panel(ax, e2e: dict) -> None:
-    """The end-to-end stage's KL to the parent: training steps (sweep runs thin) and held-out."""
+def _kl_panel(ax, e2e: dict, what: str) -> None:
+    """A KL stage's loss: training steps (sweep runs thin) and held-out."""
     for s in e2e["sweep"]:
         ax.plot(s["loss"], linewidth=0.6, alpha=0.7, label=f"sweep lr {s['lr']:g}")
     f = e2e["final"]
@@ -64,7 +65,7 @@ def _kl_panel(ax, e2e: dict) -> None:
     ax.plot([h["step"] for h in f["heldout"]], [h["kl"] for h in f["heldout"]], "o-",
             color="tab:red", markersize=3, linewidth=0.9, label="held-out")
     ax.set_yscale("log")
-    ax.set_title("end-to-end: KL(parent || twin), nats a token", fontsize=9)
+    ax.set_title(f"{what}: KL(parent || twin), nats a token", fontsize=9)
     ax.set_xlabel("step")
     ax.legend(fontsize=7)
 
@@ -137,6 +138,8 @@ def _training(log: dict) -> str:
         sinks = f"the first {log['sinks']} and " if log.get("sinks") else ""
         return "Nothing is trained: the parent's weights, every attention layer limited to " \
                f"{sinks}the last {log['window']} tokens."
+    if log["kind"] == "recall":
+        return _recall(log)
     if log["kind"] == "derived":
         kept = ", ".join(f"{i} ({log['source_heldout_relative'][str(i)]:.4f})"
                          for i in log["kept_attention"])
@@ -194,6 +197,39 @@ def _end_to_end(log: dict) -> str:
             f"build process: {e2e['peak_rss_mib'] / 1024:.1f} GiB.{sweep}")
 
 
+def _recall(log: dict) -> str:
+    rc = log["recall"]
+    r, f = log["recipe"]["recall"], rc["final"]
+    c = r["copies"]
+    first, last, off = f["heldout"][0], f["heldout"][-1], rc["state_off"]
+    sweep = _sweep_table(rc["sweep"], "heldout_kl", "held-out weighted KL",
+                         "Its learning-rate sweep (each from the source, scored by held-out "
+                         "weighted KL; the lowest wins)")
+    rows = "\n".join(f"| {name} | {p['copy_top1']:.3f} | {p['copy_kl']:.4f} | {p['prose_kl']:.4f} |"
+                     for name, p in ((f"`{log['from_twin']}` (step 0)", first),
+                                     (f"this twin (step {last['step']})", last),
+                                     ("this twin, state off", off)))
+    return (f"`{log['from_twin']}` (attention transfer and the end-to-end stage; see its card) "
+            f"trained further by the recall stage: KL(parent || twin) on training prose in which "
+            f"{c['spans']} earlier snippets of {c['span_len']} tokens come back {c['min_distance']:,}"
+            f" to {c['max_distance']:,} tokens after they end (log-uniform), the positions "
+            f"inside a copy carrying {c['weight']:g} of the loss (no task template: the board's "
+            f"probes never appear in training). {f['step']:,} of {f['planned_steps']:,} steps "
+            f"({f['stop']}), {f['tokens']:,} tokens in batches of {r['batch']} x "
+            f"{r['seq_len']:,}, AdamW (betas 0.9 / 0.95, no weight decay) at lr {rc['lr']:g}, "
+            f"{r['warmup']} warm-up steps then cosine, {f['seconds'] / 60:.1f} min. Trained: the "
+            f"twin's own parameters and a new LoRA of rank {rc['lora_rank']} (alpha "
+            f"{rc['lora_alpha']:g}) on q/k/v/o, stored with the source's as one delta "
+            f"({len(log['delta'])} tensors). Peak memory of the build process: "
+            f"{rc['peak_rss_mib'] / 1024:.1f} GiB.\n\n"
+            f"Held out: {rc['heldout_sequences']} documents of {r['seq_len']:,} tokens with copies "
+            f"made the same way ({rc['heldout_copy_positions']:,} copy positions). Top-1 at a "
+            f"copy: how often the model's most likely next token is the copied one (the parent: "
+            f"{rc['parent_copy_top1']:.3f}).\n\n"
+            f"| model | top-1 at a copy | KL at copies | KL elsewhere |\n| --- | ---: | ---: | ---: |"
+            f"\n{rows}{sweep}")
+
+
 def member_card(log: dict) -> str:
     c = log["corpus"]
     spec = log["recipe"]
@@ -203,7 +239,10 @@ def member_card(log: dict) -> str:
     sinks = log.get("sinks", 0)
     kept = f"the first {sinks} tokens (sinks) and the last {log['window']}" if sinks else \
         f"the last {log['window']}"
-    gate = log["member"].get("gate") or spec["gate"]
+    own = log["member"]  # a twin made from another has its source's gate
+    if own.get("from_twin"):
+        own = next(t for t in spec["twins"] if t["name"] == own["from_twin"])
+    gate = own.get("gate") or spec["gate"]
     if log["kind"] == "window_only":
         mixer = f"softmax attention over {kept} tokens"
     elif log.get("state") == "gated_delta":

@@ -32,7 +32,6 @@ from evalkit.model_adapters.gla.twin import full_delta, trained_names
 from evalkit.training.linearize import (EndToEnd, Progress, load_optimizer_state,
                                         optimizer_state, run_schedule, trainable, write_tensors)
 
-SAVED = "end_to_end."  # the prefix of this stage's tensors in the member's resume file
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 KL_CHUNK = 256  # positions whose [chunk, vocab] log-probabilities are held at once
 
@@ -116,31 +115,38 @@ def twin_hidden(twin: torch.nn.Module, ids: torch.Tensor, grad: bool) -> torch.T
 
 
 def kl_sum(h_twin: torch.Tensor, h_parent: torch.Tensor, head: torch.nn.Module,
-           scale: float = 1.0) -> float:
+           scale: float = 1.0, weights: torch.Tensor | None = None) -> float:
     """sum over positions of KL(parent || twin) from final hidden states [B, T, D], chunk by
-    chunk of positions; when h_twin requires grad, scale * that sum's gradient is accumulated
-    into h_twin.grad (each chunk's graph freed before the next)."""
+    chunk of positions, each position's KL times `weights` [B, T] when given; when h_twin
+    requires grad, scale * that sum's gradient is accumulated into h_twin.grad (each chunk's
+    graph freed before the next)."""
     total = 0.0
     for s in range(0, h_twin.shape[1], KL_CHUNK):
         with torch.no_grad():
             lp = F.log_softmax(head(h_parent[:, s:s + KL_CHUNK]).float(), -1)
         lq = F.log_softmax(head(h_twin[:, s:s + KL_CHUNK]).float(), -1)
-        kl = F.kl_div(lq, lp, reduction="sum", log_target=True)
+        if weights is None:
+            kl = F.kl_div(lq, lp, reduction="sum", log_target=True)
+        else:
+            per = F.kl_div(lq, lp, reduction="none", log_target=True).sum(-1)   # [B, chunk]
+            kl = (per * weights[:, s:s + KL_CHUNK]).sum()
         if h_twin.requires_grad:
             (kl * scale).backward()
         total += kl.item()
     return total
 
 
-def kl_step(parent, twin, ids: torch.Tensor) -> float:
-    """One training step's mean KL per token; its gradients accumulated in the twin."""
+def kl_step(parent, twin, ids: torch.Tensor, weights: torch.Tensor | None = None) -> float:
+    """One training step's loss, its gradients accumulated in the twin: the mean KL per token,
+    or with `weights` [B, T] (summing to 1) the weighted sum of the positions' KL."""
     with torch.no_grad():
         hp, _ = parent.hidden(ids)
     h = twin_hidden(twin, ids, grad=True)
     leaf = h.detach().requires_grad_(True)
-    kl = kl_sum(leaf, hp, twin.lm_head, 1.0 / ids.numel())
+    scale = 1.0 if weights is not None else 1.0 / ids.numel()
+    kl = kl_sum(leaf, hp, twin.lm_head, scale, weights)
     h.backward(leaf.grad)
-    return kl / ids.numel()
+    return kl * scale
 
 
 @torch.no_grad()
@@ -160,15 +166,20 @@ def parent_hidden(parent, ids: torch.Tensor, batch: int) -> torch.Tensor:
     return torch.cat([parent.hidden(ids[s:s + batch])[0] for s in range(0, ids.shape[0], batch)])
 
 
-def train_end_to_end(e: EndToEnd, seed: int, parent, twin, names: list[str], lora: LoRA, stream,
-                     held: tuple[torch.Tensor, torch.Tensor], progress: Progress, *,
-                     minutes: float | None = None, resume: dict[str, torch.Tensor] | None = None,
-                     save: Callable[[Progress, dict[str, torch.Tensor]], None] | None = None,
-                     log: Callable[[str], None] = print) -> Progress:
+Batches = Callable[[int], tuple[torch.Tensor, "torch.Tensor | None"]]
+Score = Callable[[], dict[str, float]]
+
+
+def train_kl(e: EndToEnd, parent, twin, names: list[str], lora: LoRA, batches: Batches,
+             score: Score, progress: Progress, *, minutes: float | None = None,
+             resume: dict[str, torch.Tensor] | None = None,
+             save: Callable[[Progress, dict[str, torch.Tensor]], None] | None = None,
+             log: Callable[[str], None] = print) -> Progress:
     """Train `names` of `twin` and `lora` on the KL to the parent, from progress.step to
-    progress.planned_steps (or the time cap); held-out KL at the start, every e.every steps and
-    at the end. `resume`: a snapshot's tensors (Adam's moments; the parameters are loaded by
-    the caller)."""
+    progress.planned_steps (or the time cap): step i reads `batches(i)` = (ids [B, T], the
+    positions' loss weights [B, T] or None for the mean); `score()` (held-out, its "kl" the
+    number a sweep compares) at the start, every e.every steps and at the end. `resume`: a
+    snapshot's tensors (Adam's moments; the parameters are loaded by the caller)."""
     every = names + lora.names
     opt = torch.optim.AdamW(trainable(twin, names) + lora.params, lr=progress.lr,
                             betas=(0.9, 0.95), weight_decay=0.0)
@@ -181,19 +192,28 @@ def train_end_to_end(e: EndToEnd, seed: int, parent, twin, names: list[str], lor
                 **optimizer_state(opt, every)}
 
     def evaluate() -> None:
-        kl = heldout_kl(twin, held, e.batch)
-        progress.heldout.append({"step": progress.step, "kl": kl})
-        log(f"  step {progress.step}: held-out KL to the parent {kl:.4f} nats a token")
+        point = score()
+        progress.heldout.append({"step": progress.step, **point})
+        log(f"  step {progress.step}: held-out " + ", ".join(f"{k} {v:.4f}"
+                                                             for k, v in point.items()))
 
     def step(i: int) -> tuple[float, int]:
-        ids = stream.batch(i, e.batch, seed)
-        return kl_step(parent, twin, ids), ids.numel()
+        ids, weights = batches(i)
+        return kl_step(parent, twin, ids, weights), ids.numel()
 
     if not progress.heldout:
-        evaluate()  # where the stage starts: attention transfer's twin
+        evaluate()  # where the stage starts
     return run_schedule(progress, opt, warmup=e.warmup, every=e.every,
                         save_every_minutes=e.save_every_minutes, minutes=minutes, step=step,
                         evaluate=evaluate, snapshot=snapshot, save=save, what="KL to the parent")
+
+
+def train_end_to_end(e: EndToEnd, seed: int, parent, twin, names: list[str], lora: LoRA, stream,
+                     held: tuple[torch.Tensor, torch.Tensor], progress: Progress,
+                     **kw) -> Progress:
+    """train_kl on prose: `stream`'s batches, the mean KL per token (held-out: `held`)."""
+    return train_kl(e, parent, twin, names, lora, lambda i: (stream.batch(i, e.batch, seed), None),
+                    lambda: {"kl": heldout_kl(twin, held, e.batch)}, progress, **kw)
 
 
 def peak_rss_mib() -> float:
@@ -204,21 +224,35 @@ def peak_rss_mib() -> float:
 def end_to_end_stage(fam, m, twin, resume_file, state: dict[str, Any],
                      write_progress: Callable[[], None]
                      ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The stage for member `m` of family `fam` (linearize_family.Family), from `twin` as
-    attention transfer left it: a sweep of rates (each from that twin, scored by held-out KL;
-    the lowest wins, ties to the lower rate), then the final run at the best rate, capped in
-    time and resumable: its saves go to `resume_file` (stage 1's result beside them, under
-    SAVED), its progress to state["end_to_end"]. The LoRA is merged into `twin`. Returns (the
-    card's record, the deltas)."""
+    """LoLCATs' stage 2 for member `m` of family `fam` (linearize_family.Family), from `twin`
+    as attention transfer left it: kl_stage on the training prose, scored by held-out KL."""
+    e, seed = fam.recipe.end_to_end, fam.recipe.seed
+    held = fam.e2e_heldout()
+    stream = fam.e2e_stream
+    return kl_stage(fam, m, twin, e, "end_to_end", resume_file, state, write_progress,
+                    lambda i: (stream.batch(i, e.batch, seed), None),
+                    lambda: {"kl": heldout_kl(twin, held, e.batch)},
+                    {"heldout_sequences": int(held[0].shape[0])})
+
+
+def kl_stage(fam, m, twin, e: EndToEnd, key: str, resume_file, state: dict[str, Any],
+             write_progress: Callable[[], None], batches: Batches, score: Score,
+             extra: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A KL stage (`key`: its name in the progress and the resume file) for member `m`, from
+    `twin` as it stands: a sweep of rates (each from that twin, scored by score()["kl"]; the
+    lowest wins, ties to the lower rate), then the final run at the best rate, capped in time
+    and resumable: its saves go to `resume_file` (the starting tensors beside them, under
+    `key.`), its progress to state[key]. The LoRA is merged into `twin`. Returns (the card's
+    record, the LoRA's deltas)."""
     from safetensors.torch import load_file
 
-    e, log = fam.recipe.end_to_end, fam.log
+    log, saved_as = fam.log, key + "."
     names = trained_names(twin, fam.parent)
     layers = list(twin.config.window_linear["layers"])
     params = dict(twin.named_parameters())
     start = {n: params[n].detach().clone() for n in names}
-    st = state.setdefault("end_to_end", {"sweep": [], "final": None})
-    held = fam.e2e_heldout()
+    st = state.setdefault(key, {"sweep": [], "final": None})
+    what = key.replace("_", "-")
 
     def fresh() -> LoRA:
         with torch.no_grad():
@@ -231,12 +265,11 @@ def end_to_end_stage(fam, m, twin, resume_file, state: dict[str, Any],
         for lr in e.lrs:
             if lr in done:
                 continue
-            log(f"{m.name}: end-to-end sweep lr {lr:g}, {e.sweep.steps} steps of "
+            log(f"{m.name}: {what} sweep lr {lr:g}, {e.sweep.steps} steps of "
                 f"{e.batch} x {e.seq_len:,} tokens")
             lora = fresh()
-            p = train_end_to_end(e, fam.recipe.seed, fam.parent, twin, names, lora,
-                                 fam.e2e_stream, held, Progress(lr=lr, planned_steps=e.sweep.steps),
-                                 log=log)
+            p = train_kl(e, fam.parent, twin, names, lora, batches, score,
+                         Progress(lr=lr, planned_steps=e.sweep.steps), log=log)
             lora.remove()
             st["sweep"].append({"lr": lr, "steps": p.step, "seconds": p.seconds,
                                 "heldout_kl": p.heldout[-1]["kl"], "loss": p.loss})
@@ -248,30 +281,29 @@ def end_to_end_stage(fam, m, twin, resume_file, state: dict[str, Any],
     lora, resume = fresh(), None
     if st["final"] is not None and resume_file.is_file():
         progress = Progress(**st["final"])
-        resume = {k.removeprefix(SAVED): v for k, v in load_file(str(resume_file)).items()
-                  if k.startswith(SAVED)}
+        resume = {k.removeprefix(saved_as): v for k, v in load_file(str(resume_file)).items()
+                  if k.startswith(saved_as)}
         with torch.no_grad():
             for n in names:
                 params[n].copy_(resume[n])
         lora.load(resume)
-        log(f"{m.name}: resuming the end-to-end run at step {progress.step} of "
+        log(f"{m.name}: resuming the {what} run at step {progress.step} of "
             f"{progress.planned_steps}")
     else:
         progress = Progress(lr=best, planned_steps=e.steps)
-        log(f"{m.name}: end-to-end run, lr {best:g}, {e.steps} steps of {e.batch} x "
+        log(f"{m.name}: {what} run, lr {best:g}, {e.steps} steps of {e.batch} x "
             f"{e.seq_len:,} tokens, cap {e.minutes:g} min")
 
     def save_run(p: Progress, tensors: dict[str, torch.Tensor]) -> None:
-        # stage 1's result stays in the file: a resumed sweep starts from it
-        write_tensors(resume_file, {**start, **{SAVED + k: v for k, v in tensors.items()}})
+        # the stage's starting tensors stay in the file: a resumed sweep starts from them
+        write_tensors(resume_file, {**start, **{saved_as + k: v for k, v in tensors.items()}})
         st["final"] = p.to_json()
         write_progress()  # written last: a progress.json always names a complete resume file
 
-    progress = train_end_to_end(e, fam.recipe.seed, fam.parent, twin, names, lora, fam.e2e_stream,
-                                held, progress, minutes=e.minutes, resume=resume, save=save_run,
-                                log=log)
+    progress = train_kl(e, fam.parent, twin, names, lora, batches, score, progress,
+                        minutes=e.minutes, resume=resume, save=save_run, log=log)
     delta = lora.merge()
     return {"lr": best, "sweep": st["sweep"], "final": progress.to_json(),
             "lora_rank": e.lora_rank, "lora_alpha": e.lora_alpha,
-            "lora_parameters": sum(p.numel() for p in lora.params),
-            "heldout_sequences": int(held[0].shape[0]), "peak_rss_mib": peak_rss_mib()}, delta
+            "lora_parameters": sum(p.numel() for p in lora.params), **extra,
+            "peak_rss_mib": peak_rss_mib()}, delta

@@ -13,6 +13,9 @@ For each member, in recipe order (a derived twin after its source):
             in resume.safetensors), its LoRA merged into the twin's stored delta;
   derived   its source's tensors, its source's keep_worst layers of highest held-out relative
             error back to the parent's full attention (their deltas dropped);
+  recall    its source trained further by the recall stage (linearize_recall.py: prose with
+            earlier snippets copied past the window), resumable the same way, the two
+            stages' LoRAs stored as one delta;
   window    the parent with every layer's attention limited to the first `sinks` and the last
             `window` tokens.
 Every member is then scored: held-out relative error per layer (what the twin's layers lose
@@ -42,7 +45,9 @@ from evalkit.model_adapters.gla.twin import (TWIN_FILE, TWIN_WEIGHTS, load_paren
 from evalkit.owned_folder import stage_for
 from evalkit.training.linearize import (Member, Progress, Recipe, heldout_transfer,
                                         mean_relative, perplexity, train_transfer, write_tensors)
+from evalkit.training.copies import copy_batch
 from evalkit.training.linearize_e2e import end_to_end_stage, parent_hidden
+from evalkit.training.linearize_recall import Held, combined_delta, recall_stage
 from evalkit.training.output import check_out, install
 from evalkit.training.prose import TokenStream, heldout_sequences, read_corpus
 from evalkit.training.state_anatomy import state_anatomy
@@ -86,6 +91,7 @@ class Family:
                          for L in ev.perplexity_lengths}
         self._streams: dict[int, TokenStream] = {}
         self._e2e_heldout: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._recall_heldout: dict[int, Held] = {}
         self._parent_ppl: dict[int, dict] | None = None
         log(f"parent {parent_spec} (hash {self.parent_sha[:12]}), corpus "
             f"{len(self.corpus.train):,} training / {len(self.corpus.heldout):,} held-out "
@@ -115,6 +121,24 @@ class Family:
                                        e.heldout_sequences)
             self._e2e_heldout = ids, parent_hidden(self.parent, ids, e.batch)
         return self._e2e_heldout
+
+    @property
+    def recall_stream(self) -> TokenStream:
+        return self._stream_of(self.recipe.recall.seq_len)
+
+    def recall_heldout(self, sinks: int) -> Held:
+        """The recall stage's held-out sequences for twins with `sinks` sinks: the first
+        held-out documents with copies made as in training (other indices)."""
+        if sinks not in self._recall_heldout:
+            from evalkit.training.linearize_recall import HELDOUT_INDEX
+
+            r = self.recipe.recall
+            rows, _ = heldout_sequences(self.corpus.heldout, self.tokenizer, r.seq_len,
+                                        r.heldout_sequences)
+            ids, mask = copy_batch(rows, r.copies, sinks=sinks, seed=self.recipe.seed,
+                                   first=HELDOUT_INDEX)
+            self._recall_heldout[sinks] = Held(ids, mask, r.copies.weight, self.parent, r.batch)
+        return self._recall_heldout[sinks]
 
     def parent_ppl(self) -> dict[int, dict]:
         if self._parent_ppl is None:
@@ -220,17 +244,47 @@ def train_member(fam: Family, m: Member, stage: Path, saved: dict | None, member
     return twin, info, delta
 
 
-def derive_member(fam: Family, m: Member, out: Path
-                  ) -> tuple[GLAForCausalLM, dict, dict[str, torch.Tensor]]:
-    """The source twin with its keep_worst layers of highest held-out relative error restored
-    to the parent's full attention (their end-to-end deltas dropped, the others kept)."""
-    from safetensors.torch import load_file
-
+def source_folder(fam: Family, m: Member, out: Path) -> Path:
+    """The folder of `m`'s source twin, current for this recipe (else an error)."""
     src_dir = out / m.from_twin
     src_hash = fam.recipe.member_hash(fam.recipe.member(m.from_twin))
     if not is_current(src_dir, src_hash, fam.parent_sha):
         raise ValueError(f"{m.name}: its source {src_dir} is not trained by this recipe yet "
                          f"(run without --only, or with --only {m.from_twin} first)")
+    return src_dir
+
+
+def source_delta(folder: Path, meta: dict) -> dict:
+    """The delta a twin folder stores ({parent tensor: factors or tensor})."""
+    from safetensors.torch import load_file
+
+    if not meta["delta"]:
+        return {}
+    stored = load_file(str(folder / TWIN_WEIGHTS))
+    return {n: read_delta(stored, n, folder / TWIN_WEIGHTS) for n in meta["delta"]}
+
+
+def recall_member(fam: Family, m: Member, out: Path, stage: Path, saved: dict | None,
+                  member_hash: str) -> tuple[GLAForCausalLM, dict, dict]:
+    """The source twin trained further by the recall stage; resumable from `stage`."""
+    src_dir = source_folder(fam, m, out)
+    twin, _, meta = load_twin(src_dir, fam.parent)
+    state = saved or {"member_hash": member_hash}
+
+    def write_progress() -> None:
+        atomic.write_json(stage / PROGRESS, state)
+
+    fam.log(f"{m.name}: {m.from_twin} trained further on recall (copies past the window)")
+    info, delta = recall_stage(fam, m, twin, stage / RESUME, state, write_progress)
+    return twin, {"from_twin": m.from_twin, "trained": trained_names(twin, fam.parent),
+                  "recall": info}, combined_delta(source_delta(src_dir, meta), delta)
+
+
+def derive_member(fam: Family, m: Member, out: Path
+                  ) -> tuple[GLAForCausalLM, dict, dict[str, torch.Tensor]]:
+    """The source twin with its keep_worst layers of highest held-out relative error restored
+    to the parent's full attention (their end-to-end deltas dropped, the others kept)."""
+    src_dir = source_folder(fam, m, out)
     src, src_cfg, src_meta = load_twin(src_dir, fam.parent)
     log = json.loads((src_dir / "train_log.json").read_text())
     final = log["heldout_transfer"]
@@ -252,9 +306,7 @@ def derive_member(fam: Family, m: Member, out: Path
     tied = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     if set(missing) - tied:
         raise ValueError(f"{m.name}: the source's tensors do not fill the derived twin: {missing[:4]}")
-    stored = load_file(str(src_dir / TWIN_WEIGHTS)) if src_meta["delta"] else {}
-    delta = {n: read_delta(stored, n, src_dir / TWIN_WEIGHTS) for n in src_meta["delta"]
-             if n not in restored}
+    delta = {n: d for n, d in source_delta(src_dir, src_meta).items() if n not in restored}
     fam.log(f"{m.name}: {m.from_twin} with layers {keep} (highest held-out relative error) "
             f"back to full attention")
     return twin.eval(), {"from_twin": m.from_twin, "kept_attention": keep,
@@ -297,6 +349,8 @@ def linearize_family(recipe: Recipe, parent_spec: str, out: Path, only: Sequence
         stage, saved = _stage(out, m.name, h)
         if m.kind == "trained":
             twin, info, delta = train_member(fam, m, stage, saved, h)
+        elif m.kind == "recall":
+            twin, info, delta = recall_member(fam, m, out, stage, saved, h)
         elif m.kind == "derived":
             twin, info, delta = derive_member(fam, m, out)
         else:
