@@ -5,7 +5,6 @@ its state formula. One small interface over our GLA and transformers models.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -213,6 +212,7 @@ def build_cost_model(spec: Any, dtype: str | torch.dtype = "bf16", *, name: str 
                      ) -> CostModel:
     """A CostModel on the meta device (nothing allocated) for a spec string, a GLAConfig or a
     transformers config."""
+    from evalkit.model_adapters.facts import read_config
     from evalkit.model_adapters.gla.config import GLAConfig
 
     dt = dtype if isinstance(dtype, torch.dtype) else check_dtype(dtype)
@@ -220,18 +220,7 @@ def build_cost_model(spec: Any, dtype: str | torch.dtype = "bf16", *, name: str 
     if isinstance(spec, (str, os.PathLike)):
         cfg_path, weights = resolve_config(str(spec))
         name = name or str(spec)
-        try:
-            raw = json.loads(cfg_path.read_text())
-        except ValueError as e:
-            raise CostError(f"{cfg_path}: not valid JSON ({e})") from e
-        if not isinstance(raw, dict):
-            raise CostError(f"{cfg_path}: expected a JSON object")
-        if raw.get("model_type", "gla") == "gla":
-            config = GLAConfig.from_json(cfg_path)
-        else:
-            from transformers import AutoConfig
-
-            config = AutoConfig.from_pretrained(str(cfg_path), local_files_only=True)
+        config = read_config(cfg_path)
     else:
         config, name = spec, name or type(spec).__name__
     if isinstance(config, GLAConfig):
@@ -246,6 +235,7 @@ def _empty_weights():
 
 
 def _gla_cost_model(name: str, cfg, dt: torch.dtype, weights: Path | None) -> CostModel:
+    from evalkit.model_adapters.facts import gla_facts
     from evalkit.model_adapters.gla.model import GLAForCausalLM
     from evalkit.model_adapters.gla.state import STATE_DTYPE
 
@@ -253,30 +243,22 @@ def _gla_cost_model(name: str, cfg, dt: torch.dtype, weights: Path | None) -> Co
         model = GLAForCausalLM(cfg)
     model.to(dtype=dt)  # meta tensors: only their dtype changes
     model.set_ops(mode="chunk")
-    H, K, V = cfg.num_heads, cfg.head_k_dim, cfg.head_v_dim
-    n_gla = cfg.mixers.count("gla")
-    attn_layers = cfg.mixers.count("attn")
-    a = cfg.attn_spec if attn_layers else None
-    q_width = cfg.hidden_size  # attention layers: heads x head dim = hidden
-
-    def mixer_flops(t: int) -> float:
-        f = n_gla * 4.0 * H * K * V
-        if a is not None:
-            span = t + 1 if a["window_size"] is None else min(t + 1, a["window_size"])
-            f += attn_layers * 4.0 * q_width * span
-        return f
-
+    facts = gla_facts(cfg, name)
+    has_attn = "attn" in cfg.mixers
     shape = Shape(hidden=cfg.hidden_size, intermediate=cfg.mlp_intermediate_size if cfg.use_mlp else 0,
                   layers=cfg.num_hidden_layers, vocab=cfg.vocab_size,
-                  mixer_flops_per_token=mixer_flops,
-                  state_formula=lambda T: cfg.state_parts(T, STATE_DTYPE),
+                  mixer_flops_per_token=facts.mixer_flops,
+                  # the state as the GLA holds it at run time: fp32 whatever the weights
+                  state_formula=lambda T: facts.state_at(T, STATE_DTYPE),
                   mixer_width=2 * cfg.key_dim + 2 * cfg.value_dim,
-                  kv_transient=lambda T: (4 * cfg.attn_kv_width() * T * 4 if a else 0))
+                  kv_transient=lambda T: (4 * cfg.attn_kv_width() * T * 4 if has_attn else 0))
     return CostModel(name, "gla", cfg, dt, shape, model, weights)
 
 
 def _hf_cost_model(name: str, config, dt: torch.dtype, weights: Path | None) -> CostModel:
     from transformers import AutoModelForCausalLM
+
+    from evalkit.model_adapters.facts import hf_facts
 
     text = config.get_text_config(decoder=True)
     with _empty_weights():
@@ -286,13 +268,12 @@ def _hf_cost_model(name: str, config, dt: torch.dtype, weights: Path | None) -> 
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     size = torch.empty(0, dtype=dt).element_size()
-    formula = _hf_state_formula(config, dt)
-    n_attn = _attention_layers(text)
+    facts = hf_facts(config, source=name)
 
     shape = Shape(hidden=text.hidden_size, intermediate=getattr(text, "intermediate_size", 0) or 0,
                   layers=text.num_hidden_layers, vocab=text.vocab_size,
-                  mixer_flops_per_token=lambda t: n_attn * 4.0 * heads * head_dim * (t + 1),
-                  state_formula=formula,
+                  mixer_flops_per_token=facts.mixer_flops,
+                  state_formula=lambda T: facts.state_at(T, dt),
                   mixer_width=(heads + 2 * kv_heads) * head_dim,
                   # a step concatenates one layer's K and V, and SDPA may expand them to every
                   # query head (repeat_kv) and build a [segment, T] mask
@@ -301,16 +282,3 @@ def _hf_cost_model(name: str, config, dt: torch.dtype, weights: Path | None) -> 
     cm = CostModel(name, "hf", config, dt, shape, model, weights)
     return cm
 
-
-def _attention_layers(text) -> int:
-    types = getattr(text, "layer_types", None)
-    if types:
-        return sum(t in ("full_attention", "sliding_attention") for t in types)
-    return text.num_hidden_layers
-
-
-def _hf_state_formula(config, dt: torch.dtype) -> Callable[[int], StateBytes]:
-    """The config formula `evalkit state` and a served model use (recurrent/formula.py)."""
-    from evalkit.model_adapters.recurrent.formula import config_state_at
-
-    return lambda T: config_state_at(config, T, dt)

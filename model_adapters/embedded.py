@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from evalkit.model_adapters.facts import config_facts
 from evalkit.model_adapters.gla.adapter import GLAAdapter, describe_config
 from evalkit.model_adapters.recurrent.adapter import RecurrentAdapter
 from evalkit.model_adapters.softmax import SoftmaxAdapter, describe_row
@@ -150,16 +151,9 @@ def _tiny_factory(name: str):
 
 def _describe_recurrent(folder: Path, n_tokens: int) -> dict:
     """Parameters (a meta-device model: no weights) and fp32 state bytes from the config."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from evalkit.model_adapters.recurrent.formula import state_at
-
-    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return {"parameters": model.num_parameters(),
-            "state_bytes": state_at(config, n_tokens, torch.float32).total, "dtype": "fp32"}
+    facts = config_facts(folder)
+    return {"parameters": facts.parameters(),
+            "state_bytes": facts.state_at(n_tokens, "fp32").total, "dtype": "fp32"}
 
 
 def _tiny_describe(name: str, kind: str):

@@ -4,12 +4,14 @@ that need no path, weights as package data under model_adapters/mqar/<name>/.
 Each is Zoology's two-layer model (a gated short convolution, then the mixer under test, no
 MLP) over the 8,192-symbol MQAR tokenizer. A name whose checkpoint is not trained yet fails
 to load with the command that trains it. The trained length comes from the checkpoint's
-config.json (`trained_length`), so results beyond it can be marked.
+config.json (`trained_length`), so results beyond it can be marked: a built twin without one
+is an error (the board would silently mark nothing).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from evalkit.model_adapters.facts import config_facts
 from evalkit.model_adapters.gla.adapter import GLAAdapter, shipped_gla
 from evalkit.model_adapters.models import register_model
 
@@ -38,11 +40,22 @@ def _factory(name: str):
     return _shipped(name)[0]
 
 
+def _describe(name: str):
+    shipped = _shipped(name)[1]
+
+    def describe(n_tokens: int) -> dict:
+        row = shipped(n_tokens)
+        if "note" not in row:  # built
+            config_facts(MQAR_DIR / name / "config.json").required_trained_length()
+        return row
+    return describe
+
+
 def _mqar(name: str) -> dict:
     """register_model's arguments for a twin, from its MQAR_MODELS row."""
     kind, description = MQAR_MODELS[name]
     return {"kind": "gla", "state_kind": kind, "description": description, "options": GLAAdapter,
-            "config": MQAR_DIR / name / "config.json", "describe": _shipped(name)[1]}
+            "config": MQAR_DIR / name / "config.json", "describe": _describe(name)}
 
 
 register_model("mqar-attn-d64", **_mqar("mqar-attn-d64"))(_factory("mqar-attn-d64"))

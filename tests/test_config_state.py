@@ -1,5 +1,6 @@
-"""One KV formula from a config (recurrent.formula.config_state_at), read by `evalkit cost`
-and by a served model's state: checked against the cache arithmetic written out by hand."""
+"""One KV formula from a config (recurrent.formula.config_state_at), read through facts.py by
+`evalkit cost` and by a served model's state: checked against the cache arithmetic written out
+by hand."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ import torch
 from transformers import LlamaConfig, MistralConfig
 
 from evalkit.model_adapters.recurrent.formula import config_state_at, kv_per_token
-from evalkit.model_adapters.served.state import state_from_config
+from evalkit.model_adapters.facts import config_facts
 
 
 def test_full_attention_grows_and_sliding_keeps_window_minus_one():
@@ -27,10 +28,9 @@ def test_full_attention_grows_and_sliding_keeps_window_minus_one():
         assert (s.growing, s.window) == (0, 2 * 128 * kept * 4)
 
 
-def test_served_state_reads_the_same_formula(tmp_path):
+def test_a_config_folder_reads_the_same_formula(tmp_path):
     cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                       num_hidden_layers=3, intermediate_size=128, vocab_size=100)
     cfg.save_pretrained(tmp_path)
-    assert state_from_config(tmp_path, 512, torch.float32) == config_state_at(cfg, 512,
-                                                                              torch.float32)
-    assert state_from_config(tmp_path / "nothing", 512, torch.float32) is None
+    assert config_facts(tmp_path).state_at(512, torch.float32) == config_state_at(cfg, 512,
+                                                                                  torch.float32)

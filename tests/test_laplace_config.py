@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from evalkit.cli import state as state_cmd
+from evalkit.model_adapters.facts import gla_facts
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.model import GLAForCausalLM
 
@@ -30,7 +31,7 @@ def test_laplace_3b_on_meta_device():
     bf16 = cfg.state_bytes("bf16")
     assert bf16 == 29_491_200
     assert abs(bf16 / 29.5e6 - 1) < 0.01
-    kv = cfg.kv_bytes(8192, "bf16")
+    kv = gla_facts(cfg, "laplace").softmax_kv_bytes(8192, "bf16")
     assert kv == 2 * 24 * 3072 * 8192 * 2
     assert abs(kv / bf16 - 82) < 1
 

@@ -42,30 +42,24 @@ def resolve_config(spec: str) -> Path:
 
 def figures(spec: str, context: int, dtype: str = "bf16", measure: bool | None = None) -> dict:
     from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
-    from evalkit.model_adapters.gla.config import GLAConfig
+    from evalkit.model_adapters.facts import facts_of, read_config
 
     check_tokens(context, "--context")
     cfg_path = resolve_config(spec)
-    if (_model_type(cfg_path) or "gla") != "gla":
+    config = read_config(cfg_path)
+    facts = facts_of(config, cfg_path)
+    if facts.family != "gla":
         from evalkit.model_adapters.recurrent.state_hf import hf_figures
 
         if measure is None:  # a checkpoint is meant to run here; a bare config.json is not
             measure = not Path(spec).expanduser().is_file()
-        return hf_figures(cfg_path, context, dtype, measure=bool(measure))
-    cfg = GLAConfig.from_json(cfg_path)
+        return hf_figures(cfg_path, config, context, dtype, measure=bool(measure))
     dt = parse_dtype(dtype)
-    parts, kv = cfg.state_parts(context, dt), cfg.kv_bytes(context, dt)
+    parts, kv = facts.state_at(context, dt), facts.softmax_kv_bytes(context, dt)
     return {"config": str(cfg_path), "dtype": dtype_name(dt), "context": context,
-            "parameters": cfg.param_count(), "state_bytes": parts.total, "kv_bytes": kv,
+            "parameters": facts.parameters(), "state_bytes": parts.total, "kv_bytes": kv,
             "ratio": kv / parts.total, "state_kind": parts.kind, "fixed": parts.fixed,
             "window": parts.window, "growing": parts.growing}
-
-
-def _model_type(cfg_path: Path) -> str | None:
-    try:
-        return json.loads(cfg_path.read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None  # GLAConfig.from_json names what is wrong with the file
 
 
 def run(args: argparse.Namespace) -> int:

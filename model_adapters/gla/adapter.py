@@ -20,7 +20,6 @@ the model state only (per layer [H, d_k, d_v] and the conv tails), what a server
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from evalkit.model_adapters.gla.buckets import BucketedRunner, BucketSpec
 from evalkit.model_adapters.gla.checkpoint import load_checkpoint, random_model, weight_files
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.device import resolve_device
+from evalkit.model_adapters.facts import config_facts
 from evalkit.model_adapters.gla.model import GLAState
 from evalkit.model_adapters.gla.twin import is_twin, load_twin, parent_folder, twin_files
 from evalkit.model_adapters.random_weights import init_std, weights_id
@@ -42,8 +42,6 @@ from evalkit.model_adapters.weights import weights_hash
 from evalkit.model_adapters.models import register_model
 from evalkit.model_adapters.state_kind import StateBytes
 from evalkit.tokenization import load_tokenizer, tokenizer_hash
-
-_MAX_LENGTH_KEYS = ("evalkit_max_length",)
 
 
 @dataclass
@@ -111,10 +109,9 @@ class GLAAdapter(AdapterBase):
         if len(self.tokenizer) > self.config.vocab_size:
             raise ValueError(f"{self.name}: the tokenizer has {len(self.tokenizer)} tokens but the "
                              f"model's vocab_size is {self.config.vocab_size} ({config_json})")
-        self.max_length = (max_length if max_length is not None
-                           else config_tokens(config_json, _MAX_LENGTH_KEYS))
-        self.trained_length = (trained_length if trained_length is not None
-                               else config_tokens(config_json, ("trained_length",)))
+        facts = config_facts(config_json)  # the lengths as describe reads them (facts.py)
+        self.max_length = max_length if max_length is not None else facts.max_length
+        self.trained_length = trained_length if trained_length is not None else facts.trained_length
         lazy = device in xla.KINDS  # XLA compiles every graph: always the bucketed shapes
         self.compiled = lazy if compile is None else bool(compile)
         if lazy and not self.compiled:
@@ -272,29 +269,14 @@ class GLAAdapter(AdapterBase):
         return self.model.num_parameters()
 
 
-def config_tokens(config: Path, keys: Sequence[str]) -> int | None:
-    """The first of `keys` a config.json sets, a positive number of tokens (None: none set;
-    max_position_embeddings is a default in every fla config, not a trained length)."""
-    raw = json.loads(Path(config).read_text())
-    for key in keys:
-        value = raw.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{config}: {key} must be a positive integer number of tokens, "
-                             f"got {value!r}")
-        return value
-    return None
-
-
 def describe_config(config: Path, state_dtype: str, n_tokens: int = 1) -> dict:
     """`evalkit models` figures of a GLA config, without weights: the lengths as a loaded
     adapter reads them from the same file."""
-    cfg = GLAConfig.from_json(config)
-    return {"parameters": cfg.param_count(), "state_bytes": cfg.state_bytes(state_dtype, n_tokens),
-            "dtype": dtype_name(state_dtype),
-            "max_length": config_tokens(config, _MAX_LENGTH_KEYS),
-            "trained_length": config_tokens(config, ("trained_length",))}
+    facts = config_facts(config)
+    return {"parameters": facts.parameters(),
+            "state_bytes": facts.state_at(n_tokens, state_dtype).total,
+            "dtype": dtype_name(state_dtype), "max_length": facts.max_length,
+            "trained_length": facts.trained_length}
 
 
 def shipped_gla(name: str, folder: Path, marker: str, build: str, module: str):

@@ -420,10 +420,6 @@ class GLAConfig:
             context = 1
         return self.state_parts(context, dtype).total
 
-    def kv_bytes(self, context: int, dtype: str | torch.dtype = torch.bfloat16) -> int:
-        """KV cache of a softmax model of the same width and depth at `context` tokens."""
-        return 2 * self.num_hidden_layers * self.hidden_size * context * parse_dtype(dtype).itemsize
-
 
 ATTN_KEYS = ("layers", "num_heads", "num_kv_heads", "qkv_bias", "window_size", "sinks",
              "rope_theta")

@@ -17,7 +17,8 @@ from evalkit.model_adapters.cache_state import TensorState, cache_state, cache_t
 from evalkit.model_adapters.hf_base import HFBase, HFState, eos_ids
 from evalkit.model_adapters.recurrent.formula import state_at
 from evalkit.model_adapters.softmax.adapter import load_causal_lm
-from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
+from evalkit.model_adapters.facts import hf_facts
+from evalkit.model_adapters.softmax.describe import split_path
 from evalkit.model_adapters.state_kind import StateBytes
 
 # Their full-sequence selective scan starts from a zero state (transformers' mamba_selective_scan:
@@ -50,12 +51,11 @@ class RecurrentAdapter(HFBase):
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keeps_logits = "logits_to_keep" in params
         self._stepwise = self.model_type in ZERO_START_SCAN
-        cfg_max = max_length_from_config(self.model.config)
-        self.max_length = int(max_length) if max_length is not None else cfg_max
+        facts = hf_facts(self.model.config, source=folder)
+        self.max_length = int(max_length) if max_length is not None else facts.max_length
         # a recurrent config has no positional range; evalkit's own training writes the trained
-        # length as `trained_length` (transformers keeps unknown config keys)
-        trained_length = (trained_length if trained_length is not None
-                          else getattr(self.model.config, "trained_length", None))
+        # length as `trained_length` (transformers keeps unknown config keys): facts.py
+        trained_length = trained_length if trained_length is not None else facts.trained_length
         self.trained_length = None if trained_length is None else int(trained_length)
         self.name = name or folder.name
         self._eos = eos_ids(self.model, self.tokenizer)

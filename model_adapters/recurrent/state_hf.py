@@ -10,28 +10,24 @@ def _parts(sb) -> dict:
             "kind": sb.kind}
 
 
-def hf_figures(cfg_path: Path, context: int, dtype: str, *, measure: bool) -> dict:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
+def hf_figures(cfg_path: Path, config, context: int, dtype: str, *, measure: bool) -> dict:
+    """`evalkit state` of a transformers config read from `cfg_path` (facts.py's figures)."""
     from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
-    from evalkit.model_adapters.recurrent.formula import FAMILIES, state_at
+    from evalkit.model_adapters.facts import hf_facts
+    from evalkit.model_adapters.recurrent.formula import FAMILIES
     from evalkit.model_adapters.recurrent.measure import measured_at
 
-    config = AutoConfig.from_pretrained(str(cfg_path), local_files_only=True)
-    family = config.get_text_config(decoder=True).model_type
+    facts = hf_facts(config, source=cfg_path)
+    family = facts.family
     if family not in FAMILIES:
         raise ValueError(f"{cfg_path}: model_type is {family!r}; evalkit state knows 'gla' and "
                          f"{', '.join(FAMILIES)}")
     dt = parse_dtype(dtype)
-    with torch.device("meta"):  # parameters without allocating any weight
-        params = AutoModelForCausalLM.from_config(config, dtype=dt).num_parameters()
-    cfg = config.get_text_config(decoder=True)
-    formula = state_at(config, context, dt)
-    size = torch.empty(0, dtype=dt).element_size()
-    kv = 2 * cfg.num_hidden_layers * cfg.hidden_size * context * size  # same-width softmax
+    formula = facts.state_at(context, dt)
+    kv = facts.softmax_kv_bytes(context, dt)
     out = {"config": str(cfg_path), "family": family, "dtype": dtype_name(dt), "context": context,
-           "parameters": params, "formula": _parts(formula), "state_bytes": formula.total,
+           "parameters": facts.parameters(), "formula": _parts(formula),
+           "state_bytes": formula.total,
            "kv_bytes": kv, "ratio": kv / formula.total}
     if measure:
         out["measured"] = _parts(measured_at(config, context, dt))

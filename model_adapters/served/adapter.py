@@ -42,10 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from evalkit.model_adapters.facts import ModelFacts, config_facts
 from evalkit.model_adapters.protocol import AdapterBase, Serving, cut_at_stop
 from evalkit.model_adapters.served.client import Client, ServerError, Timing
 from evalkit.model_adapters.served.urls import clean_url, public_url
-from evalkit.model_adapters.served.state import state_from_config
 from evalkit.model_adapters.models import register_model
 from evalkit.model_adapters.state_kind import StateBytes
 
@@ -117,11 +117,15 @@ class ServedAdapter(AdapterBase):
                 raise ValueError(f"served: max_length={max_length}: expected 1..{self.max_length} "
                                  f"(the server's max_model_len)")
             self.max_length = int(max_length)
-        self.trained_length = self._trained_length()
+        # what the config says (facts.py), as an in-process adapter of the folder would read
+        # it; a state from the config alone (the server's tensors are out of reach), at the
+        # server's dtype; none without a config: kind "unknown", bytes None (never 0)
+        self.facts: ModelFacts | None = (config_facts(self.config_dir)
+                                         if (self.config_dir / "config.json").is_file() else None)
+        self.trained_length = None if self.facts is None else self.facts.trained_length
         self.name = name or f"served:{self.served_model}"  # the model's name, never a URL
-        probe = state_from_config(self.config_dir, 1, self.dtype)
-        self.state_kind = "unknown" if probe is None else state_from_config(
-            self.config_dir, 8192, self.dtype).kind
+        self.state_kind = ("unknown" if self.facts is None
+                           else self.facts.state_at(8192, self.dtype).kind)
 
     # -- discovery --------------------------------------------------------------------------
     def _probe_all(self, model: str | None) -> tuple[str, int | None, dict, str]:
@@ -166,20 +170,6 @@ class ServedAdapter(AdapterBase):
                   if isinstance(version, dict) and "version" in version else {})
         return {"model": model, "max_model_len": int(limit) if limit else None, **engine,
                 "score_method": self._probe_scoring(index, model)}
-
-    def _trained_length(self) -> int | None:
-        import json
-
-        cfg = self.config_dir / "config.json"
-        if not cfg.is_file():
-            return None
-        data = json.loads(cfg.read_text())
-        # trained_length: what evalkit's own training writes for a model without positions
-        for key in ("trained_length", "max_position_embeddings", "n_positions",
-                    "max_sequence_length"):
-            if isinstance(data.get(key), int):
-                return data[key]
-        return None
 
     def _probe_scoring(self, index: int, model: str) -> str:
         """prompt_logprobs where the server offers them (vLLM, SGLang), else echo+logprobs; a
@@ -360,7 +350,7 @@ class ServedAdapter(AdapterBase):
         return text == self.tokenizer.decode(prompt) and len(tokens) == len(prompt)
 
     def state_parts(self, state: ServedState) -> StateBytes | None:
-        return state_from_config(self.config_dir, len(state.ids), self.dtype)
+        return None if self.facts is None else self.facts.state_at(len(state.ids), self.dtype)
 
     def state_bytes(self, state: ServedState) -> int | None:
         parts = self.state_parts(state)

@@ -13,7 +13,8 @@ import torch
 from evalkit.model_adapters.cache_state import cache_state
 from evalkit.model_adapters.hf_base import HFBase, HFState, eos_ids
 from evalkit.model_adapters.softmax import kv_cache
-from evalkit.model_adapters.softmax.describe import max_length_from_config, split_path
+from evalkit.model_adapters.facts import hf_facts
+from evalkit.model_adapters.softmax.describe import split_path
 from evalkit.model_adapters.softmax.kv_cache import KVProfile, kv_profile, matched_window
 from evalkit.model_adapters.weights import (WeightFileError, check_floating, index_shards,
                                             safetensors_dtypes)
@@ -94,7 +95,9 @@ class SoftmaxAdapter(HFBase):
         self._cache_kw = kv_cache.cache_kwarg(self.model)
         self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
-        cfg_max = max_length_from_config(self.model.config)
+        # the positional range (facts.py); the trained length only when given: past its range
+        # a softmax model is flagged over-length already
+        cfg_max = hf_facts(self.model.config, source=folder).max_length
         self.max_length = int(max_length) if max_length is not None else cfg_max
         self.trained_length = None if trained_length is None else int(trained_length)
 

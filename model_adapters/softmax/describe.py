@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from evalkit.model_adapters.dtypes import dtype_name, parse_dtype
+from evalkit.model_adapters.facts import hf_facts
 from evalkit.model_adapters.softmax.kv_cache import kv_profile
 
 
@@ -27,24 +28,18 @@ def split_path(path: str | os.PathLike) -> tuple[Path, str | None]:
     raise FileNotFoundError(f"model path {p} does not exist")
 
 
-def max_length_from_config(config: Any) -> int | None:
-    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    for field in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        v = getattr(cfg, field, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
-
-
 def describe_checkpoint(path: str | os.PathLike, *, dtype: Any = "fp32", window: int | None = None,
                         n_tokens: int = 8192, trust_remote_code: bool = False) -> dict:
-    """Parameters and KV bytes at `n_tokens` from the config alone (a meta-device model: no weights)."""
+    """Parameters and KV bytes at `n_tokens` from the config alone (a meta-device model: no
+    weights). The KV bytes are the adapter's own accounting (kv_profile: what one and two tokens
+    add to a cache of this model), so that a window or a sliding layer counts as it will run."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder, gguf = split_path(path)
     kw = {"gguf_file": gguf} if gguf else {}
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True,
                                         trust_remote_code=trust_remote_code, **kw)
+    facts = hf_facts(config, source=Path(path).expanduser(), trust_remote_code=trust_remote_code)
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # GGUF configs carry it; the meta model is dequantised
     with torch.device("meta"):
@@ -52,13 +47,13 @@ def describe_checkpoint(path: str | os.PathLike, *, dtype: Any = "fp32", window:
                                                  trust_remote_code=trust_remote_code)
     prof = kv_profile(model, window=window)
     return {
-        "parameters": model.num_parameters(),
+        "parameters": facts.parameters(),
         "state_kind": "kv-window" if window else "kv",
         "state_bytes": prof.bytes_at(n_tokens),
         "n_tokens": n_tokens,
         "kv_bytes_per_token": prof.bytes_per_token,
         "dtype": dtype_name(dtype),
-        "max_length": max_length_from_config(config),
+        "max_length": facts.max_length,
     }
 
 
