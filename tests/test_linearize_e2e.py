@@ -103,28 +103,37 @@ def test_derived_twin_drops_the_restored_layers_deltas(built, parent_dir):
         assert torch.equal(twin.state_dict()[name], parent.state_dict()[name])
 
 
+def kill_and_resume(recipe, parent_dir, folder, monkeypatch, name: str
+                    ) -> tuple[dict, list[str]]:
+    """Build `recipe` into `folder`, killed at its KL stage's 8th step (the sweep's 2 x 2, then
+    the run's 4th), then again to the end: (the stage's progress.json at the kill, the second
+    build's log lines)."""
+    real, calls = e2e.kl_step, {"n": 0}
+
+    def dies(*args):
+        calls["n"] += 1
+        if calls["n"] == 2 * 2 + 4:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(e2e, "kl_step", dies)
+    with pytest.raises(KeyboardInterrupt):
+        linearize_family(recipe, f"hf:{parent_dir}", folder, log=lambda s: None)
+    saved = json.loads((folder / f".{name}.tmp" / "progress.json").read_text())
+    monkeypatch.setattr(e2e, "kl_step", real)
+    lines: list[str] = []
+    linearize_family(recipe, f"hf:{parent_dir}", folder, log=lines.append)
+    return saved, lines
+
+
 def test_killed_stage_resumes_to_the_same_tensors(built, parent_dir, corpus_roots, tmp_path,
                                                   monkeypatch):
     out = built[0]
     d = e2e_recipe(corpus_roots, twins=[GLA], save_every_minutes=1e-6)
     recipe = Recipe.model_validate(d)
     assert recipe.member_hash(recipe.twins[0]) == built[1].member_hash(built[1].twins[0])
-    real, calls = e2e.kl_step, {"n": 0}
-
-    def dies(*args):
-        calls["n"] += 1
-        if calls["n"] == 2 * 2 + 4:  # the sweep's 2 x 2 steps, then the 4th step of the run
-            raise KeyboardInterrupt
-        return real(*args)
-
-    monkeypatch.setattr(e2e, "kl_step", dies)
-    with pytest.raises(KeyboardInterrupt):
-        linearize_family(recipe, f"hf:{parent_dir}", tmp_path, log=lambda s: None)
-    saved = json.loads((tmp_path / f".{GLA['name']}.tmp" / "progress.json").read_text())
+    saved, lines = kill_and_resume(recipe, parent_dir, tmp_path, monkeypatch, GLA["name"])
     assert saved["end_to_end"]["final"]["step"] == 3 and len(saved["end_to_end"]["sweep"]) == 2
-    monkeypatch.setattr(e2e, "kl_step", real)
-    lines: list[str] = []
-    linearize_family(recipe, f"hf:{parent_dir}", tmp_path, log=lines.append)
     assert any("resuming the end-to-end run at step 3" in s for s in lines)
     assert not any("sweep lr" in s for s in lines)
     a = load_file(str(tmp_path / GLA["name"] / "twin.safetensors"))

@@ -4,6 +4,7 @@ window; its record, card and stored delta; resume; the recipe's checks; the weig
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -12,10 +13,9 @@ from safetensors.torch import load_file
 from evalkit.model_adapters.gla.twin import full_delta, load_twin
 from evalkit.training import linearize_e2e as e2e
 from evalkit.training.linearize import Recipe
-from evalkit.training.linearize_family import linearize_family
 from evalkit.training.linearize_recall import combined_delta
 from test_linearize import W, build, corpus_roots, parent_dir  # noqa: F401
-from test_linearize_e2e import GDN, e2e_recipe
+from test_linearize_e2e import GDN, e2e_recipe, kill_and_resume
 
 RECALL = {"seq_len": 256, "batch": 1, "steps": 6, "minutes": 10, "warmup": 1,
           "sweep": {"lrs": [0.001, 0.003], "steps": 2}, "heldout_sequences": 2, "every": 3,
@@ -91,27 +91,12 @@ def test_killed_stage_resumes_to_the_same_tensors(built, parent_dir, corpus_root
                                                   monkeypatch):
     out = built[0]
     # the source, already built: copied so only the recall member trains here
-    import shutil
     shutil.copytree(out / GDN["name"], tmp_path / GDN["name"])
     recipe = Recipe.model_validate({**recall_recipe(corpus_roots), "save_every_minutes": 1e-6,
                                     "recall": {**RECALL, "save_every_minutes": 1e-6}})
-    real, calls = e2e.kl_step, {"n": 0}
-
-    def dies(*args):
-        calls["n"] += 1
-        if calls["n"] == 2 * 2 + 4:  # the sweep's 2 x 2 steps, then the 4th step of the run
-            raise KeyboardInterrupt
-        return real(*args)
-
-    monkeypatch.setattr(e2e, "kl_step", dies)
-    with pytest.raises(KeyboardInterrupt):
-        linearize_family(recipe, f"hf:{parent_dir}", tmp_path, log=lambda s: None)
-    saved = json.loads((tmp_path / f".{MEMBER['name']}.tmp" / "progress.json").read_text())
+    saved, lines = kill_and_resume(recipe, parent_dir, tmp_path, monkeypatch, MEMBER["name"])
     assert saved["recall"]["final"]["step"] == 3 and len(saved["recall"]["sweep"]) == 2
-    monkeypatch.setattr(e2e, "kl_step", real)
-    lines: list[str] = []
-    status = linearize_family(recipe, f"hf:{parent_dir}", tmp_path, log=lines.append)
-    assert status == {GDN["name"]: "current", MEMBER["name"]: "built"}
+    assert any(f"{GDN['name']}: current" in s for s in lines)
     assert any("resuming the recall run at step 3" in s for s in lines)
     a = load_file(str(tmp_path / MEMBER["name"] / "twin.safetensors"))
     b = load_file(str(out / MEMBER["name"] / "twin.safetensors"))
