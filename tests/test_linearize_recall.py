@@ -23,8 +23,11 @@ RECALL = {"seq_len": 256, "batch": 1, "steps": 6, "minutes": 10, "warmup": 1,
 MEMBER = {"name": "toy-gdn-recall", "from_twin": GDN["name"], "recall": True}
 
 
+SOURCE_E2E = {"sweep": None, "lr": 0.003}  # the source's end-to-end stage, one rate (test time)
+
+
 def recall_recipe(roots, **over) -> dict:
-    d = e2e_recipe(roots, twins=[GDN, MEMBER])
+    d = e2e_recipe(roots, twins=[GDN, MEMBER], **SOURCE_E2E)
     d["recall"] = {**RECALL, **over}
     return d
 
@@ -79,7 +82,7 @@ def test_the_two_stages_loras_are_one_delta(built, parent_dir):
 
 
 def test_adding_the_stage_leaves_the_other_members_current(corpus_roots):
-    plain = Recipe.model_validate(e2e_recipe(corpus_roots, twins=[GDN]))
+    plain = Recipe.model_validate(e2e_recipe(corpus_roots, twins=[GDN], **SOURCE_E2E))
     with_recall = Recipe.model_validate(recall_recipe(corpus_roots))
     assert plain.member_hash(plain.twins[0]) == with_recall.member_hash(with_recall.twins[0])
     other = Recipe.model_validate(recall_recipe(corpus_roots, steps=7))

@@ -208,14 +208,6 @@ def train_kl(e: EndToEnd, parent, twin, names: list[str], lora: LoRA, batches: B
                         evaluate=evaluate, snapshot=snapshot, save=save, what="KL to the parent")
 
 
-def train_end_to_end(e: EndToEnd, seed: int, parent, twin, names: list[str], lora: LoRA, stream,
-                     held: tuple[torch.Tensor, torch.Tensor], progress: Progress,
-                     **kw) -> Progress:
-    """train_kl on prose: `stream`'s batches, the mean KL per token (held-out: `held`)."""
-    return train_kl(e, parent, twin, names, lora, lambda i: (stream.batch(i, e.batch, seed), None),
-                    lambda: {"kl": heldout_kl(twin, held, e.batch)}, progress, **kw)
-
-
 def peak_rss_mib() -> float:
     """This process's peak resident memory so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
