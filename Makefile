@@ -115,7 +115,7 @@ loaded_runs = $(addprefix runs/served/$(1)-,closed-$(SERVED_C) $(addprefix poiss
 side_runs = runs/served/$(1)-unloaded $(call loaded_runs,$(1))
 served-side:
 	@test -n "$(CONFIG_$(SIDE))" || { echo "SIDE=$(SIDE): expected one of: $(SIDES)" >&2; exit 2; }
-	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python -m evalkit.vllm_server \
+	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python benchmarks/vllm_server.py \
 	    --model $(DIR_$(SIDE)) --port $(VLLM_PORT) --log-dir runs/served-logs/$(SIDE) \
 	    $(RESERVE_ARG) --engine-arg=--no-enable-prefix-caching -- \
 	    $(MAKE) --no-print-directory served-runs SIDE=$(SIDE)

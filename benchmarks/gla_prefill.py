@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.model import GatedLinearAttention, GLAForCausalLM
-from evalkit.model_adapters.gla.ops import chunk_gla, naive_recurrent_gla
+from evalkit.model_adapters.gla.ops.gla import chunk_gla, naive_recurrent_gla
 
 CFG = dict(vocab_size=4096, hidden_size=256, num_heads=4, num_hidden_layers=2, expand_k=0.5,
            expand_v=1.0, use_short_conv=True, conv_size=4)

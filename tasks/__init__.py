@@ -4,7 +4,5 @@ Each `*.yaml` file here is a task spec (see evalkit.taskspec) that points at a g
 needle.py (needles in a haystack), multikey.py (key -> value facts, load sweeps),
 conversation.py (facts stated and updated in a chat), mqar.py (Zoology's multi-query
 associative recall on token ids). They build their probes with the kit in evalkit.probes
-(haystacks, value makers, exact-length fitting, the stop convention). build_tokenizer.py and
-build_mqar_tokenizer.py build the shipped tokenizers in model_adapters/tiny/tokenizer/ and
-model_adapters/mqar/tokenizer/ (tokenizer_build.py: their shared command line, `--check`).
+(haystacks, value makers, exact-length fitting, the stop convention).
 """

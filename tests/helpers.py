@@ -1,11 +1,25 @@
 """Shared test helpers (plain functions; fixtures live in conftest.py)."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_TOKENIZER = REPO / "model_adapters" / "tiny" / "tokenizer"
+
+
+def benchmark(name: str) -> ModuleType:
+    """benchmarks/NAME.py as a module, loaded once (benchmarks/ holds scripts, not a package:
+    under its own name, as the scripts import each other when run)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def run_worked_example(metric) -> tuple[int, int]:

@@ -193,7 +193,7 @@ LAYERS = (
     ("runs, training, boards, lm-eval", ("evalkit.runner", "evalkit.training",
                                          "evalkit.leaderboard", "evalkit.lm_eval")),
     ("commands", ("evalkit.cli", "evalkit.lm_eval.cli", "evalkit.lm_eval.hook",
-                  "evalkit.__main__", "evalkit.vllm_server")),
+                  "evalkit.__main__")),
 )
 
 

@@ -15,7 +15,7 @@ import yaml
 
 from evalkit.cli import main as evalkit_main
 from evalkit.runner.arrivals import parse
-from vllm_server import vllm_python, vllm_server
+from vllm_support import vllm_python, vllm_server
 
 pytestmark = pytest.mark.vllm
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from evalkit.model_adapters.gla.ops import chunk as chunk_module
-from evalkit.model_adapters.gla.ops import chunk_gla, fused_recurrent_gla, naive_recurrent_gla
+from evalkit.model_adapters.gla.ops.gla import chunk as chunk_module
+from evalkit.model_adapters.gla.ops.gla import chunk_gla, fused_recurrent_gla, naive_recurrent_gla
 
 B, H, K, V = 2, 2, 16, 32
 

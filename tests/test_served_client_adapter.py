@@ -1,5 +1,5 @@
 """The served adapter over scripted servers (issue 41): neutral sampling parameters in every
-request, `python -m evalkit.vllm_server` on vLLM's own generation defaults, the echo scoring
+request, benchmarks/vllm_server.py on vLLM's own generation defaults, the echo scoring
 path sliced as lm-eval does and checked against the ids sent, every URL of a list probed and a
 mismatch refused by field, abort(), generate_timed's Timing, and no URL or secret in a name,
 an identity or an error. The real-vLLM side (parity on a folder with skewed generation
@@ -15,7 +15,7 @@ import pytest
 
 from evalkit.model_adapters.served.client import ServerError
 from evalkit.model_adapters.models import load_model
-from helpers import TINY_TOKENIZER
+from helpers import TINY_TOKENIZER, benchmark
 from test_served_client import Fake, _slow_stream, bounded
 
 # What a greedy request must pin itself, whatever the server's or the folder's defaults.
@@ -84,9 +84,9 @@ def test_every_request_pins_neutral_sampling():
 def test_vllm_server_uses_vllms_own_generation_defaults(tmp_path):
     """Not the folder's generation_config.json: its penalties would reach every request that
     does not set them."""
-    from evalkit.vllm_server import VllmServer
-
-    cmd = VllmServer(tmp_path, tmp_path, python=sys.executable, port=8999).cmd
+    server = benchmark("vllm_server").VllmServer(tmp_path, tmp_path, python=sys.executable,
+                                                  port=8999)
+    cmd = server.cmd
     i = cmd.index("--generation-config")
     assert cmd[i + 1] == "vllm"
 

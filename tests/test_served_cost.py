@@ -4,7 +4,7 @@ summary line counting them for served models (in-process keeps its plan's count)
 entry's `forced_choice: false`, after which no scoring request is sent and the results say
 so. Against test_served_runner.py's `OneSlot` (a real HTTP server in this process, answering
 like a model that copies the needle); the served adapter and its client are the real ones.
-`python -m evalkit.vllm_server`'s environment (every core computes unless asked otherwise) is
+benchmarks/vllm_server.py's environment (every core computes unless asked otherwise) is
 tested on a stand-in interpreter: no vLLM is started here."""
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ from evalkit.render import continuation_ids
 from evalkit.runner import SuiteError
 from evalkit.runner.suite import resolve, validate
 from evalkit.tokenization import load_tokenizer
-from helpers import TINY_TOKENIZER
+from helpers import TINY_TOKENIZER, benchmark
 from test_served_runner import OneSlot, run, suite_file
+
+SERVER = benchmark("vllm_server")  # benchmarks/vllm_server.py
 
 
 def _prompts(body: dict) -> list[list[int]]:
@@ -146,7 +148,7 @@ def test_a_sample_from_before_the_count_reads_and_is_uncounted():
         "prefilled 100 tokens for 120 prompt tokens: savings ratio 1.20x (16.7% saved)")
 
 
-# -- python -m evalkit.vllm_server: every core computes unless asked otherwise -------------
+# -- benchmarks/vllm_server.py: every core computes unless asked otherwise ----------------
 
 @pytest.fixture
 def stand_in(tmp_path) -> Path:
@@ -172,14 +174,14 @@ def stand_in(tmp_path) -> Path:
     (None, 2, "2 (--reserve-cpus)")])
 def test_the_server_computes_on_every_core_unless_asked(tmp_path, monkeypatch, stand_in,
                                                          environ, flag, expected):
-    from evalkit.vllm_server import RESERVED_ENV, VllmServer
-
+    RESERVED_ENV = SERVER.RESERVED_ENV
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     if environ is None:
         monkeypatch.delenv(RESERVED_ENV, raising=False)
     else:
         monkeypatch.setenv(RESERVED_ENV, environ)
-    server = VllmServer(tmp_path, tmp_path / "logs", python=str(stand_in), reserve_cpus=flag)
+    server = SERVER.VllmServer(tmp_path, tmp_path / "logs", python=str(stand_in),
+                               reserve_cpus=flag)
     env, said = server.environment()
     assert f"{RESERVED_ENV}={expected}" == said and env[RESERVED_ENV] == expected.split()[0]
     assert env["HF_HUB_OFFLINE"] == "1"
@@ -187,7 +189,7 @@ def test_the_server_computes_on_every_core_unless_asked(tmp_path, monkeypatch, s
     with pytest.raises(RuntimeError, match="exited with 3"):
         server.start(limit_s=20)
     log = server.log.read_text()
-    assert log.startswith(f"evalkit.vllm_server: {said}\n")  # which one it used, in its log
+    assert log.startswith(f"vllm_server: {said}\n")  # which one it used, in its log
     assert f"reserved from env: {expected.split()[0]}" in log  # what the engine was given
     cores = "[0, 1], reserved_cpus=[]" if expected[0] == "0" else "[0], reserved_cpus=[1]"
     assert server.cpu_binding() == f"core ids={cores}"
@@ -196,53 +198,43 @@ def test_the_server_computes_on_every_core_unless_asked(tmp_path, monkeypatch, s
 def test_a_binding_from_the_environment_is_named(tmp_path, monkeypatch, stand_in):
     """vLLM reserves cores only where it binds its threads itself (VLLM_CPU_OMP_THREADS_BIND
     auto, its default); a list or "nobind" from the environment is said to override it."""
-    from evalkit.vllm_server import VllmServer
-
     monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    env, said = VllmServer(tmp_path, tmp_path, python=str(stand_in)).environment()
+    env, said = SERVER.VllmServer(tmp_path, tmp_path, python=str(stand_in)).environment()
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert said.startswith("VLLM_CPU_NUM_OF_RESERVED_CPU=0 ") and "the reservation does not "\
         "apply" in said and "OMP_NUM_THREADS" in said
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
-    assert "BIND" not in VllmServer(tmp_path, tmp_path, python=str(stand_in)).environment()[1]
+    env, said = SERVER.VllmServer(tmp_path, tmp_path, python=str(stand_in)).environment()
+    assert "BIND" not in said
 
 
 def test_reserve_cpus_is_checked(tmp_path, stand_in, capsys):
-    from evalkit.vllm_server import VllmServer, main
-
     with pytest.raises(ValueError, match="reserve_cpus=-1"):
-        VllmServer(tmp_path, tmp_path, python=str(stand_in), reserve_cpus=-1)
+        SERVER.VllmServer(tmp_path, tmp_path, python=str(stand_in), reserve_cpus=-1)
     with pytest.raises(SystemExit):
-        main(["--model", str(tmp_path), "--reserve-cpus", "-1", "--", "true"])
+        SERVER.main(["--model", str(tmp_path), "--reserve-cpus", "-1", "--", "true"])
     assert "--reserve-cpus -1: expected 0..1024" in capsys.readouterr().err
 
 
 def test_vllm_server_main_says_what_it_reserved(tmp_path, stand_in):
     """The command line passes --reserve-cpus on; a server that never comes up fails with
     one line and exit status 1, its log tail carrying the reservation."""
-    from evalkit.vllm_server import RESERVED_ENV
-
-    env = {k: v for k, v in os.environ.items() if k != RESERVED_ENV}
+    env = {k: v for k, v in os.environ.items() if k != SERVER.RESERVED_ENV}
     done = subprocess.run(
-        [sys.executable, "-m", "evalkit.vllm_server", "--model", str(tmp_path), "--log-dir",
+        [sys.executable, SERVER.__file__, "--model", str(tmp_path), "--log-dir",
          str(tmp_path / "logs"), "--reserve-cpus", "1", "--", sys.executable, "-c", "pass"],
         env={**env, "EVALKIT_VLLM_PYTHON": str(stand_in)}, capture_output=True, text=True,
         timeout=60)
     assert done.returncode == 1 and "vLLM exited with 3" in done.stderr, done.stderr
-    assert f"{RESERVED_ENV}=1 (--reserve-cpus)" in done.stderr
+    assert f"{SERVER.RESERVED_ENV}=1 (--reserve-cpus)" in done.stderr
     assert "reserved from env: 1" in done.stderr
 
 
 def test_bench_served_prints_one_table_of_both_settings():
     """benchmarks/served.py's report (the figures of a run, made up here): in-process and each
     concurrency, forced choice on and off, each row's ratio to in-process with its setting."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "served.py"
-    spec = importlib.util.spec_from_file_location("bench_served", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark("served")
     run = lambda sps, tokens, **kw: {"wall_s": 10.0, "samples": 4, "samples_per_s": sps,
                                      "latency_p50_s": 1.0, "tokens_per_sample": tokens, **kw}
     served = {c: {"on": run(0.1 * c, 3000, ratio_to_in_process=0.1 * c, answers_identical="4/4"),

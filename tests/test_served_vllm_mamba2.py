@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from evalkit.cli import main as evalkit_main
-from vllm_server import (VllmServer, by_key, check_parity, read_samples, run_suite, served,
+from vllm_support import (VllmServer, by_key, check_parity, read_samples, run_suite, served,
                          vllm_python, write_suite)
 
 pytestmark = pytest.mark.vllm

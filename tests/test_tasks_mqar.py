@@ -109,7 +109,7 @@ def test_an_unknown_word_is_an_error_not_an_unk(tok):
 
 
 def test_tokenizer_build_is_byte_identical():
-    out = subprocess.run([sys.executable, str(REPO / "tasks" / "build_mqar_tokenizer.py"),
+    out = subprocess.run([sys.executable, "-m", "evalkit.model_adapters.build_mqar_tokenizer",
                           "--check"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 

@@ -185,7 +185,7 @@ def test_haystack_text_is_the_public_domain_book_without_boilerplate():
 
 def test_tiny_tokenizer_build_is_reproducible():
     # A fresh process, as a user would run it: the rebuild must match the committed files.
-    out = subprocess.run([sys.executable, str(REPO / "tasks" / "build_tokenizer.py"), "--check",
+    out = subprocess.run([sys.executable, "-m", "evalkit.model_adapters.build_tokenizer", "--check",
                           "--out", str(TINY_TOKENIZER)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr

@@ -1,7 +1,7 @@
 """Word lists of the built-in tasks: keys, values and chat phrases.
 
-They are also part of the tiny tokenizer's training text (tasks/build_tokenizer.py), so a change
-here changes that tokenizer.
+They are also part of the tiny tokenizer's training text (model_adapters/build_tokenizer.py), so a
+change here changes that tokenizer.
 """
 
 # The repeated-filler haystack: the classic passkey-retrieval filler (see data/LICENSE.md).

@@ -83,7 +83,7 @@ def train_mqar_family(fam: MQARFamily, out: Path, only: Sequence[str] = (),
     for name in only:
         fam.member(name)  # a typo is an error before anything runs
     if not (TOKENIZER / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{TOKENIZER}: the MQAR tokenizer is missing (tasks/build_mqar_tokenizer.py)")
+        raise FileNotFoundError(f"{TOKENIZER}: the MQAR tokenizer is missing (python -m evalkit.model_adapters.build_mqar_tokenizer)")
     todo = [m for m in fam.models if not only or m.name in only]
     status = {m.name: "current" for m in todo if is_current(fam, m, out / m.name)}
     todo = [m for m in todo if m.name not in status]

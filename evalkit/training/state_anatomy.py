@@ -14,7 +14,7 @@ Per layer, over the heads and the tokens that entered the state:
   part of any value; `held` is what the memory keeps of this token itself.
 
 The replay steps the ops' own token-by-token references (gated_delta/naive.py: S_t = a_t (I -
-b k k^T) S_{t-1} + b k v^T, read k^T S; naive.py's GLA over [v, 1]: S_t = a_t S_{t-1} + phi(k)
+b k k^T) S_{t-1} + b k v^T, read k^T S; gla/naive.py's GLA over [v, 1]: S_t = a_t S_{t-1} + phi(k)
 [v, 1]^T, read the normalised phi(k)^T S), so a measured loss is the state's own, not the
 window's.
 """
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from evalkit.model_adapters.gla.ops.gated_delta.naive import naive_recurrent_gated_delta
-from evalkit.model_adapters.gla.ops.naive import naive_recurrent_gla
+from evalkit.model_adapters.gla.ops.gla.naive import naive_recurrent_gla
 
 # distances from the reading token (tokens) at which a fact's read-out is measured
 DISTANCES = (64, 128, 256, 512, 1024, 2048)
@@ -54,7 +54,7 @@ def replay(key: torch.Tensor, value: torch.Tensor, log_a: torch.Tensor, has: tor
     reads = [0] * len(steps)
     lay = lambda x, t: x[:, :, t:t + 1].transpose(1, 2)                   # fla's [B, 1, H, .]
     for t in range(T):
-        # one step of the ops' own references (gla/ops: naive.py, gated_delta/naive.py)
+        # one step of the ops' own references (gla/ops: gla/naive.py, gated_delta/naive.py)
         k = lay(key, t)
         if delta:
             _, S = naive_recurrent_gated_delta(k, k, lay(value, t), lay(log_a[..., None], t)[..., 0],

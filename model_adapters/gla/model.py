@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.mixers import Attention, GatedConv, ShortConvolution
-from evalkit.model_adapters.gla.ops import chunk_gla, fused_recurrent_gla, naive_recurrent_gla
+from evalkit.model_adapters.gla.ops.gla import chunk_gla, fused_recurrent_gla, naive_recurrent_gla
 from evalkit.model_adapters.gla.state import STATE_DTYPE, GLAState, LayerState
 from evalkit.model_adapters.gla.window_linear import WindowLinearAttention
 

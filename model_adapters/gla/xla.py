@@ -19,7 +19,7 @@ So a workload compiles (prefill buckets touched + decode widths + 1) graphs, the
 the cache. The recurrent state and the last logits stay on the device between graphs: token
 ids and valid counts are the only uploads, the chosen token the only download. Within a
 traced graph the chunked GLA operator takes its branch-free log-space path (no
-data-dependent branch, see ops/chunk.py).
+data-dependent branch, see ops/gla/chunk.py).
 """
 from __future__ import annotations
 

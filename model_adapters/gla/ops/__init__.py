@@ -1,9 +1,5 @@
-"""Three forms of the GLA operator with one signature:
-    o, final_state = op(q, k, v, g, initial_state=None, output_final_state=False, scale=None)
-q, k, g: [B, T, H, K]; v: [B, T, H, V]; states [B, H, K, V] (fp32); g is the log forget gate.
+"""The mixers' operators, in flash-linear-attention's layout: one folder per operator,
+`<op>/naive.py` (the token-by-token reference the others are tested against) and
+`<op>/chunk.py` (the chunked form the model runs), the operator's signature in its __init__:
+gla (plus fused_recurrent.py, for decoding), gated_delta, window_linear, window_delta.
 """
-from evalkit.model_adapters.gla.ops.chunk import chunk_gla
-from evalkit.model_adapters.gla.ops.fused_recurrent import fused_recurrent_gla
-from evalkit.model_adapters.gla.ops.naive import naive_recurrent_gla
-
-__all__ = ["chunk_gla", "fused_recurrent_gla", "naive_recurrent_gla"]

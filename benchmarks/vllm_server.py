@@ -2,6 +2,8 @@
 port, waited for on /health with a time limit, stopped by its process group (SIGTERM, then
 SIGKILL after 30 s), also when the caller fails. What the served tests, `make standard` and
 benchmarks/served.py start; vLLM runs in its own environment (`make setup-vllm`: .venv-vllm).
+A harness of this checkout, not of the installed package: the tests load it by its path
+(tests/helpers.py: benchmark), benchmarks/served.py imports it from beside itself.
 It runs on vLLM's own sampling defaults (`--generation-config vllm`), not the model folder's
 generation_config.json, whose penalties or top-k would reach any request that leaves the field
 out (evalkit's served adapter sets every field anyway).
@@ -18,7 +20,7 @@ Which setting was used, and the cores vLLM bound, are written at the top of the 
 and in the start message. A VLLM_CPU_OMP_THREADS_BIND from the environment (a core list, or
 "nobind") replaces vLLM's own choice, and with it the reservation; the message says so.
 
-    python -m evalkit.vllm_server --model DIR [--port 8765] [--log-dir DIR]
+    python benchmarks/vllm_server.py --model DIR [--port 8765] [--log-dir DIR]
         [--reserve-cpus N] [--engine-arg=--FLAG ...] -- CMD ARGS...
 
 runs CMD while the server is up, with EVALKIT_VLLM_URL=http://127.0.0.1:PORT/v1 in its
@@ -140,7 +142,7 @@ class VllmServer:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env, self.reserved = self.environment()
         with open(self.log, "wb") as out:
-            out.write(f"evalkit.vllm_server: {self.reserved}\n".encode())
+            out.write(f"vllm_server: {self.reserved}\n".encode())
             out.flush()
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True)
@@ -199,7 +201,7 @@ class VllmServer:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m evalkit.vllm_server",
+    p = argparse.ArgumentParser(prog="python benchmarks/vllm_server.py",
                                 description="run CMD while a vLLM server is up on 127.0.0.1")
     p.add_argument("--model", required=True, help="the model folder to serve")
     p.add_argument("--port", type=int, help="default: a free port")

@@ -5,8 +5,8 @@ shipped haystack text (Alice's Adventures in Wonderland) and on every template, 
 list that the built-in tasks use. Each digit is its own token, so a model sees numbers digit
 by digit. The tiny GLA/softmax pair is trained with this tokenizer, and the tests use it.
 
-    python tasks/build_tokenizer.py            # writes model_adapters/tiny/tokenizer/
-    python tasks/build_tokenizer.py --check    # rebuilds in a temp dir, fails if files differ
+    python -m evalkit.model_adapters.build_tokenizer          # writes it
+    python -m evalkit.model_adapters.build_tokenizer --check  # compares a rebuild with it
 
 Special tokens: <|endoftext|> (bos = eos = unk = pad; document separator, GPT-2 style; no BOS
 is added to encodings), and the chat markers <|system|>, <|user|>, <|assistant|>, <|end|>.
@@ -32,8 +32,7 @@ from typing import Any
 os.environ["RAYON_NUM_THREADS"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "model_adapters" / "tiny" / "tokenizer"
+OUT = Path(__file__).resolve().parent / "tiny" / "tokenizer"
 VOCAB_SIZE = 2048
 SPECIALS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 CHAT_TEMPLATE = ("{% for message in messages %}<|{{ message['role'] }}|>\n"
@@ -96,7 +95,7 @@ def build() -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from evalkit.tasks.tokenizer_build import main as build_main
+    from evalkit.model_adapters.tokenizer_build import main as build_main
 
     return build_main(build, OUT, __doc__.splitlines()[0], argv)  # it saves what build returns
 

@@ -14,8 +14,8 @@ special tokens, no BOS/EOS added, and the unknown-word token is deliberately abs
 vocabulary, so encoding a word that is not a symbol raises (tokenizers: "Missing [UNK] token")
 instead of silently mapping it to some id.
 
-    python tasks/build_mqar_tokenizer.py            # writes model_adapters/mqar/tokenizer/
-    python tasks/build_mqar_tokenizer.py --check    # rebuilds in a temp dir, fails if files differ
+    python -m evalkit.model_adapters.build_mqar_tokenizer          # writes it
+    python -m evalkit.model_adapters.build_mqar_tokenizer --check  # compares a rebuild with it
 
 The vocabulary is a fixed list, nothing is trained: rebuilding gives identical bytes.
 """
@@ -25,8 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "model_adapters" / "mqar" / "tokenizer"
+OUT = Path(__file__).resolve().parent / "mqar" / "tokenizer"
 UNK = "<not-an-mqar-symbol>"  # named as the unk token but never in the vocabulary: unknown words raise
 
 
@@ -44,7 +43,7 @@ def build() -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from evalkit.tasks.tokenizer_build import main as build_main
+    from evalkit.model_adapters.tokenizer_build import main as build_main
 
     return build_main(build, OUT, __doc__.splitlines()[0], argv)  # it saves what build returns
 

@@ -1,4 +1,4 @@
-"""A real vLLM server for the served-model tests (evalkit.vllm_server: on 127.0.0.1 at a
+"""A real vLLM server for the served-model tests (benchmarks/vllm_server.py: on 127.0.0.1 at a
 free port, waited for with a time limit, stopped by its process group, also when a test
 fails; `kill` and `start` again at the same port). `make test-vllm` sets EVALKIT_VLLM_PYTHON
 to .venv-vllm's python; without it the tests that need a server skip. Below: the suites and
@@ -14,9 +14,11 @@ from typing import Iterator
 import pytest
 import yaml
 
-from evalkit import vllm_server as _served
 from evalkit.cell_stats import mean_stderr
-from evalkit.vllm_server import free_port  # noqa: F401 (the tests' import point)
+from helpers import benchmark
+
+harness = benchmark("vllm_server")
+free_port = harness.free_port  # the tests' import point
 
 
 def vllm_python() -> str:
@@ -30,8 +32,8 @@ def vllm_python() -> str:
     return exe
 
 
-def VllmServer(model_dir: Path, log_dir: Path, **kw) -> _served.VllmServer:
-    return _served.VllmServer(model_dir, log_dir, python=vllm_python(), **kw)
+def VllmServer(model_dir: Path, log_dir: Path, **kw) -> harness.VllmServer:
+    return harness.VllmServer(model_dir, log_dir, python=vllm_python(), **kw)
 
 
 @contextlib.contextmanager
