@@ -1,10 +1,16 @@
-"""Paired bootstrap: a percentile 95 % interval for the mean of paired differences.
+"""Percentile bootstrap 95 % intervals: of a mean over units, and of a mean of paired differences.
 
-Shared by the leaderboard's recall gaps and `evalkit compare`'s drift reports.
+- `mean_interval(strata)`: the mean of the strata's means, each stratum's values resampled with
+  replacement (one stratum: the plain bootstrap of a mean). A per_probe metric's cell, over its
+  probes (evalkit.cell_stats), and the MQAR test mix, stratified by cell
+  (evalkit.leaderboard.recall_state).
+- `paired_bootstrap(a, b)`: the mean of a - b over pairs (a[i], b[i]), whole pairs resampled:
+  the leaderboard's recall gaps and `evalkit compare`'s drift reports.
 """
 from __future__ import annotations
 
 import hashlib
+from typing import Sequence
 
 import numpy as np
 
@@ -26,18 +32,29 @@ def seed_for(seed: int, *key: object) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-def paired_bootstrap(diff: np.ndarray, n_boot: int = DEFAULT_BOOTSTRAP,
-                     seed: int = 0) -> tuple[float, float]:
-    """Percentile 95 % interval of the mean of paired differences: resample pairs with
-    replacement n_boot times. NaN, NaN for no pairs."""
-    diff = np.asarray(diff, float)
-    if len(diff) == 0:
+def mean_interval(strata: Sequence[np.ndarray], n_boot: int = DEFAULT_BOOTSTRAP,
+                  seed: int = 0) -> tuple[float, float]:
+    """Percentile 95 % interval of the mean of the strata's means: each stratum's values
+    resampled with replacement, n_boot times. NaN, NaN when a stratum is empty."""
+    strata = [np.asarray(s, float) for s in strata]
+    if not strata or any(len(s) == 0 for s in strata):
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    chunk = max(1, min(n_boot, 4_000_000 // len(diff)))  # bound memory on big cells
-    means = []
-    for start in range(0, n_boot, chunk):
-        idx = rng.integers(0, len(diff), size=(min(chunk, n_boot - start), len(diff)))
-        means.append(diff[idx].mean(axis=1))
-    lo, hi = np.percentile(np.concatenate(means), [2.5, 97.5])
+    total = np.zeros(n_boot)
+    for arr in strata:
+        chunk = max(1, min(n_boot, 4_000_000 // len(arr)))  # bound memory on big cells
+        for start in range(0, n_boot, chunk):
+            k = min(chunk, n_boot - start)
+            total[start:start + k] += arr[rng.integers(0, len(arr), (k, len(arr)))].mean(1)
+    lo, hi = np.percentile(total / len(strata), [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int = DEFAULT_BOOTSTRAP,
+                     seed: int = 0) -> tuple[float, float]:
+    """Percentile 95 % interval of the mean of a - b over the pairs (a[i], b[i]), the pairs
+    resampled whole, so what a pair's two sides share cancels. NaN, NaN for no pairs."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if a.shape != b.shape:
+        raise ValueError(f"paired_bootstrap: {len(a)} values against {len(b)}: not pairs")
+    return mean_interval([a - b], n_boot, seed)

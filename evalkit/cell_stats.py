@@ -1,32 +1,51 @@
-"""A cell's mean and stderr: the one definition results.json and the leaderboard's tables share.
+"""A cell's mean and 95 % interval: the one definition results.json, the leaderboard's tables,
+its page and its plots share.
 
-- stderr = sample std (ddof=1) / sqrt(n), 0 for one value; sums with math.fsum in the order
-  given, so equal samples give bit-equal figures wherever they are aggregated.
+- mean: math.fsum over the values in the order given, so equal samples give bit-equal means
+  wherever they are aggregated.
 - A per_probe metric (Zoology's MQAR accuracy) is averaged per probe first: its values are the
-  probes' means (scoring.probe_means), so mean and stderr are over probes, not questions.
+  probes' means (scoring.probe_means), so its mean and interval are over probes, not questions.
+- interval: every score lies in [0, 1] (evalkit.scoring), so a mean over questions is a
+  proportion: a 95 % Wilson score interval over its n values (for scores between 0 and 1,
+  partial credit, the variance is at most p(1-p): the interval is conservative). A per_probe
+  metric's probes are no Bernoulli trials: a percentile bootstrap over the probes
+  (evalkit.bootstrap.mean_interval, seeded by the values, so equal samples give equal
+  intervals wherever they are aggregated); none for one probe.
 
     >>> metric_values("contains", [("p1", 1.0), ("p1", 0.0), ("p2", 1.0)])
     [1.0, 0.0, 1.0]
     >>> metric_values("mqar_accuracy", [("p1", 1.0), ("p1", 0.0), ("p2", 1.0)])
     [0.5, 1.0]
-    >>> mean_stderr([0.5, 1.0])
-    (0.75, 0.25)
+    >>> [round(x, 3) for x in mean_ci([1.0, 0.0, 1.0, 1.0], over_probes=False)]
+    [0.75, 0.301, 0.954]
+    >>> mean_ci([0.5], over_probes=True)
+    (0.5, None, None)
 """
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
+import numpy as np
+
 from evalkit import scoring
+from evalkit.bootstrap import DEFAULT_BOOTSTRAP, mean_interval, seed_for
+
+Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 
 
-def mean_stderr(values: Sequence[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = math.fsum(values) / n
-    if n == 1:
-        return mean, 0.0
-    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
+def mean_ci(values: Sequence[float], over_probes: bool
+            ) -> tuple[float, float | None, float | None]:
+    """(mean, lo, hi) of a cell's values (metric_values): Wilson over the values, or with
+    `over_probes` (they are probes' means) a percentile bootstrap over them."""
+    mean = math.fsum(values) / len(values)
+    if not over_probes:
+        return (mean, *wilson(mean, len(values)))
+    if len(values) < 2:  # one probe has no spread to resample
+        return mean, None, None
+    ordered = np.sort(np.asarray(values, float))  # the interval depends on the values only
+    return (mean, *mean_interval([ordered], DEFAULT_BOOTSTRAP,
+                                 seed_for(0, "probes", *ordered.tolist())))
 
 
 def per_probe(metric: str) -> bool:
@@ -34,14 +53,11 @@ def per_probe(metric: str) -> bool:
 
 
 def metric_values(metric: str, scores: Sequence[tuple[str, float]]) -> list[float]:
-    """The values a cell's mean and stderr are taken over, from (probe hash, score) pairs in
+    """The values a cell's mean and interval are taken over, from (probe hash, score) pairs in
     sample order: the scores, or the probes' means for a per_probe metric."""
     if per_probe(metric):
         return scoring.probe_means(scores)
     return [float(v) for _, v in scores]
-
-
-Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 
 
 def wilson(p: float, n: int) -> tuple[float | None, float | None]:

@@ -36,6 +36,19 @@ def fmt_len(n: float) -> str:
     return f"{n:,.0f}"
 
 
+def fmt_interval(row: Any, col: str = "recall") -> str:
+    """" [lo, hi]": a row's 95 % interval of `col` (its `<col>_lo`, `<col>_hi`, as
+    evalkit.cell_stats gives them); "" where it has none.
+
+        >>> fmt_interval({"recall_lo": 0.301, "recall_hi": 0.954}), fmt_interval({})
+        (' [0.30, 0.95]', '')
+    """
+    lo, hi = row.get(f"{col}_lo"), row.get(f"{col}_hi")
+    if any(v is None or math.isnan(v) for v in (lo, hi)):
+        return ""
+    return f" [{lo:.2f}, {hi:.2f}]"
+
+
 def slug(text: str, empty: str = "x") -> str:
     """`text` as a file-name-safe word (letters, digits, `_.-`); `empty` if nothing is left."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or empty

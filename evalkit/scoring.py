@@ -307,7 +307,7 @@ def mqar_accuracy(prediction: str, gold: Sequence[str]) -> float:
 
     Per query (MQAR questions only): 1 if the one generated symbol is the value, whitespace
     around it ignored. A cell's value is the mean over probes of each probe's share
-    (`zoology_accuracy`), its interval a bootstrap over probes (evalkit.runner.aggregate).
+    (`zoology_accuracy`), its interval a bootstrap over probes (evalkit.cell_stats).
 
     >>> mqar_accuracy("v4565", ["v4565"]), mqar_accuracy(" v4565", ["v456"])
     (1.0, 0.0)

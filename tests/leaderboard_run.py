@@ -60,9 +60,11 @@ def scored(s: dict) -> bool:
     return s["error"] is None and s["flag"] is None
 
 
-def mean_se(vals: list[float]) -> tuple[float, float]:
-    m = statistics.fmean(vals)
-    return m, (statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else 0.0)
+def mean_wilson(vals: list[float]) -> tuple[float, float, float]:
+    """(mean, lo, hi): the mean and its 95 % Wilson interval, by the textbook formula."""
+    m, n, z = statistics.fmean(vals), len(vals), 1.959963984540054
+    centre, half = m + z * z / (2 * n), z * math.sqrt(m * (1 - m) / n + z * z / (4 * n * n))
+    return m, (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
 
 
 def readme_table(readme: str, heading: str, nth: int = 0) -> list[list[str]]:

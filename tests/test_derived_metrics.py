@@ -45,11 +45,15 @@ def test_capacity_knee_fit_recovers_known_curve():
 
 def test_paired_bootstrap_interval():
     rng = np.random.default_rng(7)
-    d = rng.binomial(1, 0.3, 400) - rng.binomial(1, 0.1, 400)  # paired differences
-    lo, hi = derived.paired_bootstrap(d, 2000, seed=3)
+    a, b = rng.binomial(1, 0.3, 400), rng.binomial(1, 0.1, 400)  # pairs (a[i], b[i])
+    d = a - b
+    lo, hi = derived.paired_bootstrap(a, b, 2000, seed=3)
     se = d.std(ddof=1) / np.sqrt(len(d))
     assert lo == pytest.approx(d.mean() - 1.96 * se, abs=0.015)
     assert hi == pytest.approx(d.mean() + 1.96 * se, abs=0.015)
-    assert derived.paired_bootstrap(d, 2000, seed=3) == (lo, hi)  # reproducible
-    assert derived.paired_bootstrap(np.full(5, 0.25), 500, seed=0) == (0.25, 0.25)
-    assert all(math.isnan(v) for v in derived.paired_bootstrap(np.array([]), 500))
+    assert derived.paired_bootstrap(a, b, 2000, seed=3) == (lo, hi)  # reproducible
+    # the interval of the mean difference: what the two sides of a pair share cancels
+    assert derived.paired_bootstrap(a + 0.25, a, 500, seed=0) == (0.25, 0.25)
+    assert all(math.isnan(v) for v in derived.paired_bootstrap([], [], 500))
+    with pytest.raises(ValueError, match="not pairs"):
+        derived.paired_bootstrap(a, b[:-1])

@@ -18,7 +18,7 @@ import pytest
 from evalkit.leaderboard import publish
 from evalkit.leaderboard import derived
 
-from leaderboard_run import PRIMARY, make_real_run, mean_se, readme_table, samples_of, scored
+from leaderboard_run import PRIMARY, make_real_run, mean_wilson, readme_table, samples_of, scored
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +51,10 @@ def test_rows_match_samples_by_hand(real_run, board):
         assert row["task_version"] == "1"
         assert row["task_config_hash"] == res["tasks"][row["task"]]["config_hash"]
         for metric in ("string_match_all", "exact_match", "forced_choice", "partial_credit"):
-            m, se = mean_se([s["scores"][metric] for s in ok])
-            assert row[metric] == pytest.approx(m) and row[f"{metric}_stderr"] == pytest.approx(se)
+            m, lo, hi = mean_wilson([s["scores"][metric] for s in ok])
+            assert row[metric] == pytest.approx(m)
+            assert (row[f"{metric}_lo"], row[f"{metric}_hi"]) == pytest.approx((lo, hi), abs=1e-12)
+            assert f"{metric}_stderr" not in row
         assert row["recall"] == pytest.approx(row[PRIMARY]) and row["primary_metric"] == PRIMARY
         assert row["prompt_tokens"] == pytest.approx(statistics.fmean(s["prompt_tokens"] for s in cell))
         assert row["prompt_chars"] == pytest.approx(statistics.fmean(s["prompt_chars"] for s in cell))
@@ -72,12 +74,12 @@ def test_rows_match_samples_by_hand(real_run, board):
         assert mine[PRIMARY].iat[0] == pytest.approx(r["metrics"][PRIMARY]["mean"])
 
 
-def by_length_by_hand(samples: list[dict]) -> dict[tuple, tuple[float, float, int]]:
+def by_length_by_hand(samples: list[dict]) -> dict[tuple, tuple[float, float, float, int]]:
     pooled = defaultdict(list)
     for s in samples:
         if scored(s):
             pooled[(s["model"], s["task"], s["target_length"])].append(s["scores"][PRIMARY])
-    return {k: (*mean_se(v), len(v)) for k, v in pooled.items()}
+    return {k: (*mean_wilson(v), len(v)) for k, v in pooled.items()}
 
 
 def test_readme_tables_by_hand(real_run, board):
@@ -85,14 +87,14 @@ def test_readme_tables_by_hand(real_run, board):
     readme = (board / "README.md").read_text()
     pooled = by_length_by_hand(samples)
 
-    # Recall by length: model x length pivot of "mean ± se (n=N)".
+    # Recall by length: model x length pivot of "mean [lo, hi] (n=N)", the Wilson interval.
     table = readme_table(readme, "### lb_needle")
     assert table[0] == ["model", "state", "128 tok", "256 tok", "512 tok"]
     for row in table[1:]:
         model = row[0]
         for L, cell in zip((128, 256, 512), row[2:]):
-            m, se, n = pooled[(model, "lb_needle", L)]
-            assert cell == f"{m:.2f} ± {se:.2f} (n={n})"
+            m, lo, hi, n = pooled[(model, "lb_needle", L)]
+            assert cell == f"{m:.2f} [{lo:.2f}, {hi:.2f}] (n={n})"
 
     # Effective length: longest length with recall >= 0.85 there and at every shorter one.
     eff = {}
@@ -219,7 +221,7 @@ def test_recall_by_distance_and_window_marks(real_run, tmp_path):
     for r in per.itertuples():
         vals = groups[(r.model_label, r.bin)]
         assert r.n == len(vals) and r.recall == pytest.approx(statistics.fmean(vals))
-        assert (r.lo, r.hi) == pytest.approx(wilson(r.recall, r.n))
+        assert (r.recall_lo, r.recall_hi) == pytest.approx(wilson(r.recall, r.n))
     assert P.recall_vs_distance(b.samples, b.identities, "lb_needle", tmp_path / "a.png") is None
     ids = {**b.identities, "forgetful": {**b.identities["forgetful"], "window": 64}}
     path = P.recall_vs_distance(b.samples, ids, "lb_needle", tmp_path / "b.png")

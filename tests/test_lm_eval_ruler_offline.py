@@ -80,9 +80,7 @@ def index():
 
 
 def ruler_tasks(index):
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    return load_yaml(index.task_index["ruler"].yaml_path, resolve_func=False)["task"]
+    return index.task_index["ruler"].cfg["task"]
 
 
 def essay_tasks():
@@ -109,7 +107,7 @@ def test_offline_table_matches_lm_evals_ruler_code(index):
         (need,) = offline.KNOWN[offline.RULER + "qa_utils." + fn][1]
         assert need.source == inspect.signature(reader).parameters["url"].default
     # every task of lm-eval's "ruler" group is refused, or builds from local code only
-    refused = {t for t in ruler_tasks(index) if offline.refusals(index.task_index, [t])}
+    refused = {t for t in ruler_tasks(index) if offline.refusals(index, [t])}
     essays_here = offline.in_cache(offline.ESSAYS) and offline.punkt_tab_installed()
     assert refused == {"ruler_qa_squad", "ruler_qa_hotpot"} | (set() if essays_here
                                                                 else essay_tasks())
@@ -118,7 +116,7 @@ def test_offline_table_matches_lm_evals_ruler_code(index):
 def offline_ruler_tasks(index):
     from evalkit.lm_eval import offline
 
-    return [t for t in ruler_tasks(index) if not offline.refusals(index.task_index, [t])]
+    return [t for t in ruler_tasks(index) if not offline.refusals(index, [t])]
 
 
 # -- every RULER task that runs offline, on both embedded models, in one run; then --resume ---

@@ -34,7 +34,8 @@ def test_a_curve_is_one_fraction_per_length():
 def test_recall_vs_length_draws_them_on_tokens_not_characters(tmp_path):
     by_len = pd.DataFrame({"task_label": "needle", "model_label": ["twin"] * 3,
                            "target_length": [256, 1024, 4096], "prompt_chars": [900, 3600, 14400],
-                           "recall": [1.0, 0.5, 0.25], "recall_stderr": [0.0, 0.1, 0.1],
+                           "recall": [1.0, 0.5, 0.25], "recall_lo": [0.7, 0.3, 0.1],
+                           "recall_hi": [1.0, 0.7, 0.5],
                            "n": [8, 8, 8]})
     theirs = curves_for("needle", {"twin": TWIN})
     plain = P.recall_vs_length(by_len, "needle", tmp_path / "a.png", 0.85, False)

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from evalkit import scoring
+from evalkit.cell_stats import wilson
 from evalkit.scoring import GENERATION, metric
 from helpers import TINY_TOKENIZER, run_worked_example
 
@@ -55,8 +56,8 @@ def test_runner_scores_and_aggregates_it(run_dir):
     samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert samples and all(s["scores"][NAME] == 1.0 for s in samples)  # the oracle recalls
     rows = json.loads((run_dir / "results.json").read_text())["rows"]
-    assert rows and all(r["metrics"][NAME] == {"mean": 1.0, "stderr": 0.0, "n": r["n"]}
-                        for r in rows)
+    assert rows and all(r["metrics"][NAME] == {"mean": 1.0, "lo": wilson(1.0, r["n"])[0],
+                                               "hi": 1.0, "n": r["n"]} for r in rows)
 
 
 def test_leaderboard_reports_it_and_ranks_it_first(run_dir, tmp_path):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -13,6 +12,7 @@ import yaml
 from evalkit.cli import main as cli_main
 from evalkit.runner import SuiteError, load_suite, resolve
 from evalkit.runner.suite import validate
+from leaderboard_run import mean_wilson
 from runner_support import TOY_TASKS, build_tokenizer, read_samples, run, suite_dict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,19 +79,20 @@ def test_aggregates_match_a_hand_computation(small_run):
         assert row["model_hash"] == cell[0]["model_hash"]
         assert row["task_config_hash"] == res["tasks"][row["task"]]["config_hash"]
         for metric in ("exact_match", "forced_choice", "partial_credit"):
-            vals = [s["scores"][metric] for s in cell]
-            se = statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else 0.0
-            assert row["metrics"][metric]["mean"] == pytest.approx(statistics.mean(vals), abs=1e-12)
-            assert row["metrics"][metric]["stderr"] == pytest.approx(se, abs=1e-12)
+            mean, lo, hi = mean_wilson([s["scores"][metric] for s in cell])
+            got = row["metrics"][metric]
+            assert (got["mean"], got["lo"], got["hi"]) == pytest.approx((mean, lo, hi), abs=1e-12)
+            assert got["n"] == len(cell) and "stderr" not in got
         assert row["prompt_tokens"] == pytest.approx(statistics.mean(s["prompt_tokens"] for s in cell))
         assert row["prompt_chars"] == pytest.approx(statistics.mean(s["prompt_chars"] for s in cell))
         assert row["state_bytes"] == round(statistics.mean(s["state_bytes"] for s in cell))
         assert row["state_kind"] == "memory"
-    # Not a degenerate run: the two models differ, and some cell has a non-zero stderr.
+    # Not a degenerate run: the two models differ, and some cell's interval is not at an end.
     em = {m: statistics.mean(s["scores"]["exact_match"] for s in samples if s["model"] == m)
           for m in ("oracle", "forgetful")}
     assert em["oracle"] == 1.0 > em["forgetful"]
-    assert any(r["metrics"]["exact_match"]["stderr"] > 0 for r in res["rows"])
+    assert any(0 < r["metrics"]["exact_match"]["lo"] < r["metrics"]["exact_match"]["hi"] < 1
+               for r in res["rows"])
     p = res["prefill"]
     assert p["prompt_tokens"] == sum(s["prompt_tokens"] for s in samples)
     assert p["tokens_prefilled"] == sum(x["tokens_prefilled"] for x in p["by_model_task"])

@@ -21,7 +21,7 @@ def test_cell_stats_examples_hold():
     from evalkit import cell_stats
 
     result = doctest.testmod(cell_stats)
-    assert result.attempted == 3 and result.failed == 0
+    assert result.attempted == 4 and result.failed == 0
 
 
 @pytest.mark.parametrize("name", list(scoring.METRICS))
@@ -112,4 +112,4 @@ def test_formatting_examples_hold():
     from evalkit import formatting
 
     result = doctest.testmod(formatting)
-    assert result.attempted == 4 and result.failed == 0
+    assert result.attempted == 5 and result.failed == 0

@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 
 from evalkit import scoring
+from evalkit.cell_stats import wilson
 from evalkit.cli import main
 from evalkit.leaderboard.load import load_run
 from evalkit.leaderboard.recall_state import (BASED_TEST_MIX, PublishedError, board_figure,
@@ -180,9 +181,9 @@ def test_metric_on_a_worked_example():
     [row] = aggregate.rows(samples, {})
     summary = row["metrics"][m.name]
     assert summary["mean"] == 0.75 and summary["n_probes"] == 2 and summary["n"] == 5
-    lo, hi = summary["ci95"]
-    assert 0.5 <= lo <= 0.75 <= hi <= 1.0
-    assert aggregate.rows(samples, {}) == [row]  # the bootstrap is seeded by the cell
+    lo, hi = summary["lo"], summary["hi"]  # a bootstrap over the two probes, not Wilson
+    assert 0.5 <= lo <= 0.75 <= hi <= 1.0 and (lo, hi) != wilson(0.75, 2)
+    assert aggregate.rows(samples, {}) == [row]  # the bootstrap is seeded by the values
 
 
 # -- end to end --------------------------------------------------------------------------------
@@ -231,8 +232,8 @@ def test_oracle_recalls_everything_and_forgetful_less_through_evalkit_run(e2e):
 
 def test_board_cells_are_results_json_cells(e2e):
     """One aggregation of a cell (evalkit.cell_stats): the board's rows carry results.json's
-    mean and stderr to the bit, per probe for mqar (stderr over probes, not questions)."""
-    from evalkit.cell_stats import mean_stderr
+    mean and interval to the bit, per probe for mqar (a bootstrap over probes, not questions)."""
+    from evalkit.cell_stats import mean_ci
     from evalkit.leaderboard.board import build
 
     res = json.loads((e2e / "results.json").read_text())
@@ -241,9 +242,11 @@ def test_board_cells_are_results_json_cells(e2e):
     rows = board.rows.set_index(["model", "load"])
     for r in res["rows"]:
         row = rows.loc[(r["model"], r["load"])]
-        assert (row[m], row[f"{m}_stderr"]) == (r["metrics"][m]["mean"], r["metrics"][m]["stderr"])
-        assert (row["recall"], row["recall_stderr"]) == (row[m], row[f"{m}_stderr"])
-    # a cell whose probes differ: the board's stderr is over probe means, not questions
+        ours = [None if np.isnan(v) else v for v in (row[m], row[f"{m}_lo"], row[f"{m}_hi"])]
+        assert ours == [r["metrics"][m][k] for k in ("mean", "lo", "hi")]
+        assert row[["recall", "recall_lo", "recall_hi"]].tolist() == \
+            row[[m, f"{m}_lo", f"{m}_hi"]].tolist()
+    # a cell whose probes differ: the board's interval is over probe means, not questions
     from evalkit.leaderboard.tables import aggregate
 
     s = board.samples[(board.samples["model"] == "forgetful") & (board.samples["load"] == 64)]
@@ -252,8 +255,8 @@ def test_board_cells_are_results_json_cells(e2e):
     probes = scoring.probe_means(list(zip(s["probe_hash"], s[f"score.{m}"])))
     assert len(probes) == 2 and probes[0] < probes[1] == 1.0
     row = aggregate(s, ["model"], [m]).iloc[0]
-    assert (row[m], row[f"{m}_stderr"]) == mean_stderr(probes)
-    assert row[f"{m}_stderr"] != mean_stderr(s[f"score.{m}"].tolist())[1]
+    assert (row[m], row[f"{m}_lo"], row[f"{m}_hi"]) == mean_ci(probes, over_probes=True)
+    assert row[f"{m}_lo"] != mean_ci(s[f"score.{m}"].tolist(), over_probes=False)[1]
 
 
 # -- the board: accuracy vs state bytes next to the published points ---------------------------

@@ -164,8 +164,9 @@ def gaps(samples: pd.DataFrame, pairs: Sequence[tuple[str, str]], by: Sequence[s
         p = paired_samples(samples, base, model)
         for key, g in p.groupby(by, sort=True):
             key = key if isinstance(key, tuple) else (key,)
-            d = (g["recall_base"] - g["recall_model"]).to_numpy()
-            lo, hi = paired_bootstrap(d, n_boot, seed_for(seed, base, model, *key))
+            a, b = g["recall_base"].to_numpy(), g["recall_model"].to_numpy()
+            d = a - b
+            lo, hi = paired_bootstrap(a, b, n_boot, seed_for(seed, base, model, *key))
             out.append(dict(baseline=base, model=model, **dict(zip(by, key)),
                             n_pairs=len(d), baseline_recall=float(g["recall_base"].mean()),
                             model_recall=float(g["recall_model"].mean()),

@@ -149,7 +149,7 @@ def _summary(task: str, pairs: list[tuple[dict, dict]], metric: str, n_boot: int
     lp = [(gold_logprob(x), gold_logprob(y)) for x, y in pairs]
     lp = [(x, y) for x, y in lp if x is not None and y is not None]
     dl = np.array([abs(y - x) for x, y in lp if math.isfinite(x) and math.isfinite(y)], float)
-    lo, hi = paired_bootstrap(sb - sa, n_boot, seed)
+    lo, hi = paired_bootstrap(sb, sa, n_boot, seed)
     n = len(pairs)
     return {"task": task, "n_pairs": n,
             "recall_a": _finite(float(sa.mean())) if n else None,

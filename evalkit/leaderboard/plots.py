@@ -137,6 +137,11 @@ def recall_vs_load(samples: pd.DataFrame, knees: pd.DataFrame, task: str,
 
 # -- 3. recall vs. context length -----------------------------------------------------------
 
+def _yerr(g: pd.DataFrame) -> list:
+    """Error bars from the 95 % interval [recall_lo, recall_hi] (none where there is none)."""
+    return [(g["recall"] - g["recall_lo"]).fillna(0), (g["recall_hi"] - g["recall"]).fillna(0)]
+
+
 def recall_vs_length(by_len: pd.DataFrame, task: str, path: Path, threshold: float,
                      use_chars: bool, published: Sequence[PublishedCurve] = ()) -> Path | None:
     """Recall per model against context length; `published` curves (published.curves_for)
@@ -151,8 +156,8 @@ def recall_vs_length(by_len: pd.DataFrame, task: str, path: Path, threshold: flo
     x = "prompt_chars" if use_chars else "target_length"
     for m, g in t.groupby("model_label"):
         g = g.sort_values(x)
-        ax.errorbar(g[x], g["recall"], yerr=g["recall_stderr"].fillna(0), fmt="o-",
-                    color=colors[m], label=m, ms=4, capsize=2)
+        ax.errorbar(g[x], g["recall"], yerr=_yerr(g), fmt="o-", color=colors[m], label=m, ms=4,
+                    capsize=2)
     ticks = set(t["target_length"].unique())
     for c, marker in zip(() if use_chars else published, "^v<>sp"):
         ax.plot(c.lengths, c.recall, ls="--", marker=marker, mfc="none", color="black", lw=0.9,
@@ -365,12 +370,12 @@ def distance_bins(distance: pd.Series) -> pd.Series:
 
 def recall_by_distance(samples: pd.DataFrame, task: str) -> pd.DataFrame:
     """Per model x octave bin of distance: recall (mean of the scored samples), n and the 95 %
-    Wilson interval [lo, hi]."""
+    Wilson interval [recall_lo, recall_hi]."""
     t = samples[(samples["task_label"] == task) & samples["scored"] & samples["recall"].notna()]
     per = (t.assign(bin=distance_bins(t["distance"]))
            .groupby(["model_label", "bin"])["recall"].agg(recall="mean", n="size").reset_index())
     bounds = [wilson(p, n) for p, n in zip(per["recall"], per["n"])]
-    return per.assign(lo=[b[0] for b in bounds], hi=[b[1] for b in bounds])
+    return per.assign(recall_lo=[b[0] for b in bounds], recall_hi=[b[1] for b in bounds])
 
 
 def recall_vs_distance(samples: pd.DataFrame, identities: dict, task: str,
@@ -391,8 +396,7 @@ def recall_vs_distance(samples: pd.DataFrame, identities: dict, task: str,
     ax = fig.subplots()
     for m, g in per.groupby("model_label"):
         ax.errorbar(g["bin"] * np.sqrt(2), g["recall"],  # at the bin's geometric centre
-                    yerr=[g["recall"] - g["lo"], g["hi"] - g["recall"]], fmt="o-",
-                    color=colors[m], label=m, ms=4, capsize=2, lw=1.2)
+                    yerr=_yerr(g), fmt="o-", color=colors[m], label=m, ms=4, capsize=2, lw=1.2)
     for w in sorted(set(windows.values())):
         ax.axvline(w, color="grey", ls=":", lw=1)
         ax.annotate(f"W = {w}", (w, 1.04), ha="center", fontsize=7, color="grey",

@@ -7,12 +7,13 @@ from typing import Sequence
 import pandas as pd
 
 from evalkit import scoring
+from evalkit.bootstrap import DEFAULT_BOOTSTRAP
 from evalkit.leaderboard import derived, published, recall_state
 from evalkit.leaderboard.board import Board
 from evalkit.leaderboard.drift import summary_rows, summary_table
 from evalkit.leaderboard.served import DEFAULT_SLO_S, served_section
 from evalkit.leaderboard.tables import beyond_trained
-from evalkit.formatting import fmt_bytes, fmt_len, markdown_table
+from evalkit.formatting import fmt_bytes, fmt_interval, fmt_len, markdown_table
 
 
 def _num(x: float, fmt: str = "{:.2f}") -> str:
@@ -32,8 +33,7 @@ def fmt_recall(r: pd.Series, col: str = "recall") -> str:
         if r["n_failed"]:
             why.append(f"{r['n_failed']} failed")
         return f"— ({', '.join(why) or 'n=0'})"
-    se = r.get(f"{col}_stderr", float("nan"))
-    text = _num(r[col]) + ("" if math.isnan(se) else f" ± {se:.2f}")
+    text = _num(r[col]) + fmt_interval(r, col)
     extra = f"n={r['n']}" + (f", {r['n_failed']} failed" if r["n_failed"] else "") + \
         (f", {r['n_flagged']} flagged" if r["n_flagged"] else "")
     return f"{text} ({extra})"
@@ -81,8 +81,8 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
 
     # -- recall by length -----------------------------------------------------------------
     w("## Recall by context length\n")
-    w("Mean primary recall ± standard error over scored samples, pooled over depth and load "
-      "(n = scored samples). Lengths are the requested prompt length in each model's own "
+    w("Mean primary recall [95 % interval] over scored samples, pooled over depth and load "
+      "(n = scored samples; the interval: [How to read](#how-to-read)). Lengths are the requested prompt length in each model's own "
       f"tokens. {BEYOND_MARK}: past the model's trained length (a recurrent model has no "
       "context window and is evaluated there; a softmax model is flagged over-length "
       "instead).\n")
@@ -174,7 +174,7 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
           "`--gap BASELINE:MODEL`).\n")
     else:
         w(f"Paired over the same probes and questions; 95 % paired bootstrap interval "
-          f"({o.n_boot} resamples, seed {o.seed}); `*`: the interval excludes 0. Pooled over "
+          f"([How to read](#how-to-read)); `*`: the interval excludes 0. Pooled over "
           f"depth and load here; every (length, depth, load) cell is in [gaps.csv](gaps.csv)."
           f"\n")
         rows = []
@@ -234,10 +234,9 @@ def capacity_section(board: Board) -> str:
         out.append("Not computed: no task sweeps the load.\n")
         return "\n".join(out)
     out.append(f"Knee: the load (facts in context) where recall falls below "
-               f"{derived.KNEE_LEVEL:.0%} (the logistic fit of the capacity-knee table); 95 % "
-               f"interval from {derived.DEFAULT_KNEE_BOOT} resamples of the scored questions "
-               f"within each load. Rows by bytes held. {BEYOND_MARK}: length past the model's "
-               f"trained length.\n")
+               f"{derived.KNEE_LEVEL:.0%} (the logistic fit of the capacity-knee table), with "
+               f"its 95 % interval ([How to read](#how-to-read)). Rows by bytes held. "
+               f"{BEYOND_MARK}: length past the model's trained length.\n")
     rows, verdicts = [], []
     for (task, L), g in ci.sort_values("state_bytes").groupby(["task_label", "target_length"],
                                                               sort=True):
@@ -281,7 +280,8 @@ def how_to_read(o) -> str:
                         + ", ".join(f"{fmt_len(n)} {r:.3f}" for n, r in zip(c.lengths, c.recall))
                         + f" ({c.checked})" for c in published.CURVES)
     return HOW_TO_READ.format(threshold=o.threshold, knee=derived.KNEE_LEVEL, n_boot=o.n_boot,
-                              seed=o.seed, preference=preference, published=theirs)
+                              seed=o.seed, preference=preference, published=theirs,
+                              cell_boot=DEFAULT_BOOTSTRAP, knee_boot=derived.DEFAULT_KNEE_BOOT)
 
 
 HOW_TO_READ = """## How to read
@@ -309,10 +309,8 @@ HOW_TO_READ = """## How to read
   evaluated beyond the longest sequence it was trained on (its `trained_length`, recorded in
   the run); such cells are marked, in tables and as hollow markers in the capacity figures. A
   softmax model's prompts beyond its positional range are flagged over-length, not scored.
-- **Capacity by state size**: the knee as above, per model, with a 95 % percentile interval
-  from resampling the scored questions with replacement within each load (the fit repeated
-  per resample); "> N" / "< N" ends: the resampled curve never fell below 50 % / was below it
-  at every load.
+- **Capacity by state size**: the knee as above, per model, with its interval (below);
+  "> N" / "< N" ends: the resampled curve never fell below 50 % / was below it at every load.
 - **State bytes**: bytes the model holds at the question: the recurrent state (fixed), the KV
   cache (grows with length), a sliding-window KV cache sized to the recurrent state
   (`kv-window`, the memory-matched baseline), or the reference models' token memory.
@@ -320,20 +318,31 @@ HOW_TO_READ = """## How to read
   buys.
 - **Recall gap**: baseline recall minus the model's recall on the same probes and questions
   (paired by task config, length, depth, load, probe seed and question; only pairs that both
-  models answered). Positive = the model forgets what the baseline recalls. The 95 % interval
-  is a paired bootstrap percentile interval ({n_boot} resamples of the pairs, seed derived from
-  {seed} and the cell, so republishing gives the same numbers). `*` in the gap plots: the
-  interval excludes 0.
+  models answered). Positive = the model forgets what the baseline recalls. `*` in the gap
+  plots and tables: its interval (below) excludes 0.
 - **Recall vs. distance**: the distance is the number of tokens from the asked fact to its
-  question; samples are pooled in octave bins [2^b, 2^(b+1)) with a 95 % Wilson interval per
-  bin. A dotted line marks each model's exact window W (a linearized twin's softmax window or
-  a sliding window): facts left of it are seen exactly, those right of it only through the
-  model's state, or not at all; S sinks (a twin's first S tokens, kept exact at the context's
-  start) are named beside W. Drawn where some model of the task has a window.
+  question; samples are pooled in octave bins [2^b, 2^(b+1)), each bin's recall with its
+  interval (below). A dotted line marks each model's exact window W (a linearized twin's
+  softmax window or a sliding window): facts left of it are seen exactly, those right of it
+  only through the model's state, or not at all; S sinks (a twin's first S tokens, kept exact
+  at the context's start) are named beside W. Drawn where some model of the task has a window.
 - **Theirs** (hollow markers, dashed, in recall vs. context length): a paper's figure drawn
   beside ours where the board holds the models it speaks to, at their context lengths in
   their own tokens, with their scale and training: compare shapes, not points.
 {published}
+- **95 % intervals**, one kind per figure, the same wherever that figure is shown:
+  - a recall (any metric's mean over scored samples: the tables, results.csv's `<metric>_lo`
+    and `<metric>_hi`, the page, recall vs. context length, each distance bin): the Wilson
+    score interval over its n samples. Every score lies in [0, 1], so the mean is a
+    proportion (for scores between 0 and 1, such as partial credit, it is conservative).
+  - a per-probe metric's mean (`mqar_accuracy`, Zoology's: the mean over probes of each
+    probe's share right): a percentile bootstrap over the probes ({cell_boot} resamples,
+    seeded by the values), none for one probe. MQAR accuracy vs. state bytes resamples the
+    probes within each cell of the test mix.
+  - a recall gap: a paired bootstrap percentile interval ({n_boot} resamples of the pairs,
+    seed derived from {seed} and the cell, so republishing gives the same numbers).
+  - a capacity knee: a percentile interval from {knee_boot} resamples of the scored questions
+    with replacement within each load, the fit repeated per resample.
 - **Merging**: each cell (model identity, task, task version, task config hash, length, depth,
   load) comes from one run: the newest (results.json `created`; on a tie, the one given
   later). Runs with different task versions or config hashes, or different model hashes under

@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from evalkit import scoring
-from evalkit.bootstrap import DEFAULT_BOOTSTRAP, seed_for
+from evalkit.bootstrap import DEFAULT_BOOTSTRAP, mean_interval, seed_for
 from evalkit.leaderboard.load import SCORE_PREFIX
 from evalkit.formatting import fmt_bytes, markdown_table
 from evalkit.leaderboard.plots import model_colors
@@ -111,19 +111,6 @@ def _cell_probe_means(g: pd.DataFrame, col: str) -> np.ndarray:
     return np.asarray(scoring.probe_means(list(zip(g["probe_hash"], g[col]))))
 
 
-def _stratified_interval(cells: Sequence[np.ndarray], n_boot: int, seed: int) -> tuple[float, float]:
-    """95 % percentile interval of the mean of cell means, resampling probes within each cell."""
-    rng = np.random.default_rng(seed)
-    total = np.zeros(n_boot)
-    for arr in cells:
-        chunk = max(1, min(n_boot, 4_000_000 // len(arr)))  # bound memory on big cells
-        for start in range(0, n_boot, chunk):
-            k = min(chunk, n_boot - start)
-            total[start:start + k] += arr[rng.integers(0, len(arr), (k, len(arr)))].mean(1)
-    lo, hi = np.percentile(total / len(cells), [2.5, 97.5])
-    return float(lo), float(hi)
-
-
 def mqar_points(samples: pd.DataFrame, *, task: str = "mqar",
                 cells: Sequence[tuple[int, int]] = BASED_TEST_MIX,
                 n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> pd.DataFrame:
@@ -142,7 +129,7 @@ def mqar_points(samples: pd.DataFrame, *, task: str = "mqar",
         if any(tuple(c) not in by_cell for c in cells):
             continue
         means = [_cell_probe_means(by_cell[tuple(c)], col) for c in cells]
-        lo, hi = _stratified_interval(means, n_boot, seed_for(seed, "mqar_points", model, task))
+        lo, hi = mean_interval(means, n_boot, seed_for(seed, "mqar_points", model, task))
         out.append({
             "model": model, "accuracy": float(np.mean([m.mean() for m in means])),
             "lo": lo, "hi": hi,

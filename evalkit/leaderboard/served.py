@@ -35,7 +35,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from evalkit.formatting import fmt_len, markdown_table
+from evalkit.formatting import fmt_interval, fmt_len, markdown_table
 from evalkit.leaderboard.load import SCORE_PREFIX
 from evalkit.leaderboard.tables import aggregate
 
@@ -183,7 +183,7 @@ def served_section(samples: pd.DataFrame, slo_s: float = DEFAULT_SLO_S) -> str:
             "Models evaluated behind an inference server (`served:URL`), under the load after "
             "`@`: a closed loop keeps C requests in flight (1: unloaded); `poisson:R/s` and "
             "`trace:` send each request when it is due, whatever is in flight (open loop). n: "
-            "requests sent; failures by cause. Recall: mean primary recall ± standard error "
+            "requests sent; failures by cause. Recall: mean primary recall [95 % interval] "
             "with failures as misses; recall answered: over the answered requests only. "
             "Seconds: response = from when the request was due to its last token, across "
             f"retries (failures at their failure); p99 where n ≥ {MIN_P99}, else the maximum "
@@ -221,7 +221,7 @@ def _recall(table: pd.DataFrame, key: tuple) -> str:
     if key not in table.index or not table.loc[key, "n"]:
         return "—"
     r = table.loc[key]
-    return f"{r['recall']:.2f} ± {r['recall_stderr']:.2f}"
+    return f"{r['recall']:.2f}" + fmt_interval(r)
 
 
 def _q(values: pd.Series, q: float) -> str:

@@ -1,5 +1,5 @@
-"""Aggregation of merged samples into leaderboard rows (means and stderrs by evalkit.cell_stats,
-the definition results.json uses).
+"""Aggregation of merged samples into leaderboard rows (means and 95 % intervals by
+evalkit.cell_stats, the definition results.json uses: `<metric>`, `<metric>_lo`, `<metric>_hi`).
 
 Means are over *scored* samples only: a sample that failed (error) or was not evaluated (flag,
 e.g. longer than the model's maximum length) has no scores; it is counted in n_failed /
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from evalkit import scoring
-from evalkit.cell_stats import mean_stderr, per_probe
+from evalkit.cell_stats import mean_ci, per_probe
 from evalkit.leaderboard.load import SCORE_PREFIX, metric_columns
 from evalkit.leaderboard.merge import CELL_KEY, GRID_KEY
 
@@ -26,25 +26,28 @@ ROW_ID = ["model", "model_label", "model_hash", "arrivals", "task", "task_label"
 LATENCY_QUANTILES = (50, 95, 99)  # latency_p50_s ...: served models' scored samples
 
 
-def _mean_stderr(g: pd.DataFrame, metric: str) -> tuple[float, float]:
-    """A group's mean and stderr of `metric` by evalkit.cell_stats, as results.json has them:
-    a per_probe metric's samples count as one value per probe (their mean). `recall` is per
-    probe where the sample's task's primary metric is (column PER_PROBE, from with_primary)."""
+def _mean_ci(g: pd.DataFrame, metric: str) -> tuple[float, float, float]:
+    """A group's mean and 95 % interval of `metric` by evalkit.cell_stats, as results.json has
+    them: a per_probe metric's samples count as one value per probe (their mean), and the
+    interval is then over those values. `recall` is per probe where the sample's task's primary
+    metric is (column PER_PROBE, from with_primary). NaN where there is none."""
     col = SCORE_PREFIX + metric
     if col not in g:
-        return NAN, NAN
+        return NAN, NAN, NAN
     g = g[g[col].notna()]
     if g.empty:
-        return NAN, NAN
+        return NAN, NAN, NAN
     flag = (g[PER_PROBE].astype(bool) if metric == "recall" and PER_PROBE in g
             else pd.Series(per_probe(metric), index=g.index))
     probes = scoring.probe_means(list(zip(g.loc[flag, "probe_hash"], g.loc[flag, col])))
-    return mean_stderr(g.loc[~flag, col].astype(float).tolist() + probes)
+    stats = mean_ci(g.loc[~flag, col].astype(float).tolist() + probes, bool(flag.any()))
+    return tuple(NAN if v is None else v for v in stats)
 
 
 def aggregate(samples: pd.DataFrame, by: Sequence[str],
               metrics: Sequence[str] | None = None) -> pd.DataFrame:
-    """One row per group: n, n_failed, n_flagged, sizes, and mean/stderr of every metric."""
+    """One row per group: n, n_failed, n_flagged, sizes, and every metric's mean and 95 %
+    interval (`<metric>`, `<metric>_lo`, `<metric>_hi`)."""
     metrics = list(metrics if metrics is not None else metric_columns(samples))
     by = list(by)
     out = []
@@ -62,7 +65,7 @@ def aggregate(samples: pd.DataFrame, by: Sequence[str],
         for q in LATENCY_QUANTILES:  # response time (result.latency_s); none in process
             row[f"latency_p{q}_s"] = float(np.percentile(lat, q)) if len(lat) else NAN
         for m in metrics:
-            row[m], row[f"{m}_stderr"] = _mean_stderr(s, m)
+            row[m], row[f"{m}_lo"], row[f"{m}_hi"] = _mean_ci(s, m)
         out.append(row)
     return pd.DataFrame(out)
 

@@ -65,11 +65,12 @@ KNOWN: dict[str, tuple[tuple[str, ...], tuple[Need, ...]]] = {
 ESSAY_FUNCTIONS = frozenset(k for k, (hub, _) in KNOWN.items() if ESSAYS in hub)
 
 
-def refusals(index: dict[str, Any], names: list[str]) -> list[str]:
+def refusals(tm: Any, names: list[str]) -> list[str]:
     """One sentence per missing piece of data, naming the tasks (among `names`, expanded to
-    their leaf tasks) that need it; [] when every task can be built offline."""
+    their leaf tasks by lm-eval's TaskManager `tm`'s index) that need it; [] when every task
+    can be built offline."""
     needs: dict[Need, list[str]] = {}
-    for task, cfg in _leaves(index, names):
+    for task, cfg in _leaves(tm, names):
         for need in _needs(cfg):
             needs.setdefault(need, [])
             if task not in needs[need]:
@@ -77,9 +78,9 @@ def refusals(index: dict[str, Any], names: list[str]) -> list[str]:
     return [need.message(tasks) for need, tasks in needs.items()]
 
 
-def custom_datasets(index: dict[str, Any], names: list[str]) -> set[str]:
+def custom_datasets(tm: Any, names: list[str]) -> set[str]:
     """The custom_dataset functions (module.fn) of the leaf tasks of `names`."""
-    return {fn for _, cfg in _leaves(index, names)
+    return {fn for _, cfg in _leaves(tm, names)
             if (fn := function_name(cfg.get("custom_dataset")))}
 
 
@@ -198,52 +199,50 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(v)
 
 
-def _leaves(index: dict[str, Any], names: list[str]) -> Iterator[tuple[str, dict]]:
+def _leaves(tm: Any, names: list[str]) -> Iterator[tuple[str, dict]]:
     """(leaf task name, its YAML config, includes merged, functions unresolved) for each name:
     a task itself, a tag's tasks, a group's members (recursively, with the group's and the
-    member entry's overrides applied, as lm-eval's TaskFactory does)."""
-    from lm_eval.tasks._index import Kind
+    member entry's overrides applied, as lm-eval's TaskFactory does), from the public face of
+    lm-eval's TaskManager `tm`: all_tags, all_groups and task_index, whose entries hold each
+    YAML as the index read it. lm-eval has no public call that expands a group to its tasks'
+    configs without building the tasks, and building one downloads its data (TaskManager.load
+    constructs every ConfigurableTask, whose __init__ calls download()): so the expansion is
+    done here, on those configs."""
+    from lm_eval.config import GroupConfig
 
-    for name in names:
-        entry = index.get(name)
-        if entry is None:
-            continue
-        if entry.kind == Kind.TAG:
-            yield from _leaves(index, sorted(entry.tags))
-        elif entry.kind == Kind.GROUP:
-            yield from _members(index, _config(entry), {})
-        else:
-            yield name, _config(entry)
-
-
-def _members(index: dict[str, Any], group: dict, overrides: dict) -> Iterator[tuple[str, dict]]:
-    from lm_eval.config.group import GroupConfig
-
+    index, tags, groups = tm.task_index, set(tm.all_tags), set(tm.all_groups)
     structural = {f.name for f in fields(GroupConfig)}
-    inherited = {**{k: v for k, v in group.items() if k not in structural}, **overrides}
-    members = group.get("task")
-    for item in members if isinstance(members, list) else []:
-        if isinstance(item, str):
-            base, extra = item, {}
-        elif isinstance(item, dict) and "group" in item and item["group"] not in index:
-            yield from _members(index, item, inherited)  # an inline subgroup
-            continue
-        elif isinstance(item, dict):
-            base = item.get("task") or item.get("group")
-            extra = {k: v for k, v in item.items() if k not in ("task", "group")}
-        else:
-            continue
-        entry = index.get(base) if isinstance(base, str) else None
-        if entry is None:  # an inline task: the item is its config
-            yield str(base), {**inherited, **item}
-            continue
-        for leaf, cfg in _leaves(index, [base]):
-            yield leaf, {**cfg, **inherited, **extra}
 
+    def leaves(names: list[str]) -> Iterator[tuple[str, dict]]:
+        for name in names:
+            entry = index.get(name)
+            if entry is None:
+                continue
+            if name in tags:
+                yield from leaves(sorted(entry.tags))
+            elif name in groups:
+                yield from members(dict(entry.cfg or {}), {})
+            else:
+                yield name, dict(entry.cfg or {})
 
-def _config(entry: Any) -> dict:
-    from lm_eval.tasks._yaml_loader import load_yaml
+    def members(group: dict, overrides: dict) -> Iterator[tuple[str, dict]]:
+        inherited = {**{k: v for k, v in group.items() if k not in structural}, **overrides}
+        listed = group.get("task")
+        for item in listed if isinstance(listed, list) else []:
+            if isinstance(item, str):
+                base, extra = item, {}
+            elif isinstance(item, dict) and "group" in item and item["group"] not in index:
+                yield from members(item, inherited)  # an inline subgroup
+                continue
+            elif isinstance(item, dict):
+                base = item.get("task") or item.get("group")
+                extra = {k: v for k, v in item.items() if k not in ("task", "group")}
+            else:
+                continue
+            if not (isinstance(base, str) and base in index):  # an inline task: its config
+                yield str(base), {**inherited, **item}
+                continue
+            for leaf, cfg in leaves([base]):
+                yield leaf, {**cfg, **inherited, **extra}
 
-    if entry.yaml_path:
-        return load_yaml(entry.yaml_path, resolve_func=False)
-    return dict(entry.cfg or {})
+    return leaves(names)

@@ -77,14 +77,14 @@ class LmEvalTasks:
             raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)} (searched "
                              f"{' and '.join(searched) or 'nothing'})")
         self.units = list(dict.fromkeys(u for t in self.names for u in matched[t]))
-        refused = offline.refusals(self._index.task_index, self.units)
+        refused = offline.refusals(self._index, self.units)
         if refused:
             raise ValueError("lm-eval task(s) need data that is not on this machine, and "
                              "evalkit downloads nothing at run time:\n  "
                              + "\n  ".join(refused))
         # every RULER task imports RULER's prepare_niah (see evalkit.lm_eval.ruler_nltk)
         self.ruler = any(fn.startswith(offline.RULER) for fn in
-                         offline.custom_datasets(self._index.task_index, self.units))
+                         offline.custom_datasets(self._index, self.units))
 
     def manager(self, metadata: dict) -> Any:
         """The index as a TaskManager that gives its tasks one model's `metadata`. lm-eval keeps

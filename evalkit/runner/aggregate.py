@@ -3,12 +3,12 @@
 One row per model x task x target_length x depth x load (the grid cell of each sample's probe).
 - n: samples that were scored (no error, no flag): the denominator of every metric mean;
   n_failed and n_flagged count the others, so the cell holds n + n_failed + n_flagged samples.
-- metrics: {metric: {mean, stderr, n}} over the scored samples that have the metric (a
+- metrics: {metric: {mean, lo, hi, n}} over the scored samples that have the metric (a
   forced-choice metric needs two candidates), by evalkit.cell_stats (the leaderboard's tables
-  use the same). A metric name not registered in evalkit.scoring is an error. A per_probe
-  metric (Zoology's MQAR accuracy) is averaged per probe first: mean and stderr are over its
-  probes' means, n_probes counts them, and ci95 is a percentile bootstrap over probes (None
-  for one).
+  use the same): [lo, hi] is a 95 % Wilson interval over the n samples. A metric name not
+  registered in evalkit.scoring is an error. A per_probe metric (Zoology's MQAR accuracy) is
+  averaged per probe first: its mean is over its probes' means, n_probes counts them, and
+  [lo, hi] is a percentile bootstrap over the probes (None for one).
 - prompt_tokens, prompt_chars: means over every sample of the cell.
 - state_bytes: mean over scored samples, rounded to whole bytes; state_kind: the adapter's.
 - by_kind: the same metric means split by question kind (recall, latest, ...).
@@ -21,33 +21,25 @@ import math
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
-import numpy as np
-
 from evalkit import scoring
-from evalkit.bootstrap import DEFAULT_BOOTSTRAP, paired_bootstrap, seed_for
-from evalkit.cell_stats import mean_stderr, metric_values, per_probe
+from evalkit.cell_stats import mean_ci, metric_values, per_probe
 from evalkit.result import SampleResult
 from evalkit.runner.plan import savings_ratio
 
 TIMESTAMP_KEYS = frozenset({"created", "started", "finished", "resumed"})
 
 
-def metric_summary(samples: Sequence[SampleResult], cell: tuple = ()) -> dict[str, dict[str, Any]]:
-    """{metric: {mean, stderr, n}} by evalkit.cell_stats; a per_probe metric adds n_probes and
-    a bootstrap 95 % interval over probes (seeded by the cell, so equal runs give equal ones)."""
+def metric_summary(samples: Sequence[SampleResult]) -> dict[str, dict[str, Any]]:
+    """{metric: {mean, lo, hi, n}} by evalkit.cell_stats; a per_probe metric adds n_probes."""
     names = sorted({m for s in samples for m in s.scores})
     out: dict[str, dict[str, Any]] = {}
     for m in names:
         scores = [(s.probe_hash, s.scores[m]) for s in samples if m in s.scores]
         vals = metric_values(m, scores)
-        mean, se = mean_stderr(vals)
-        out[m] = {"mean": mean, "stderr": se, "n": len(scores)}
+        mean, lo, hi = mean_ci(vals, per_probe(m))
+        out[m] = {"mean": mean, "lo": lo, "hi": hi, "n": len(scores)}
         if per_probe(m):
-            ci = None
-            if len(vals) > 1:  # one probe has no spread to resample
-                ci = list(paired_bootstrap(np.asarray(vals), DEFAULT_BOOTSTRAP,
-                                           seed_for(0, *cell, m)))
-            out[m].update(n_probes=len(vals), ci95=ci)
+            out[m]["n_probes"] = len(vals)
     return out
 
 
@@ -72,10 +64,9 @@ def rows(samples: Iterable[SampleResult], tasks: dict[str, dict]) -> list[dict[s
             "target_length": length, "depth": depth, "load": load,
             "n": len(ok), "n_failed": sum(s.error is not None for s in cell),
             "n_flagged": sum(s.error is None and s.flag is not None for s in cell),
-            "metrics": metric_summary(ok, (model, task, length, depth, load)),
+            "metrics": metric_summary(ok),
             "by_kind": {k: {"n": sum(s.kind == k for s in ok),
-                            "metrics": metric_summary([s for s in ok if s.kind == k],
-                                                       (model, task, length, depth, load, k))}
+                            "metrics": metric_summary([s for s in ok if s.kind == k])}
                         for k in kinds},
             "prompt_tokens": math.fsum(s.prompt_tokens for s in cell) / len(cell),
             "prompt_chars": math.fsum(s.prompt_chars for s in cell) / len(cell),
