@@ -50,3 +50,32 @@ register_model("smollm2-135m-swa-w64-s4", **_twin("smollm2-135m-swa-w64-s4"))(_f
 register_model("smollm2-135m-gla-w64-s4", **_twin("smollm2-135m-gla-w64-s4"))(_factory("smollm2-135m-gla-w64-s4"))
 register_model("smollm2-135m-gdn-w64-s4", **_twin("smollm2-135m-gdn-w64-s4"))(_factory("smollm2-135m-gdn-w64-s4"))
 register_model("smollm2-135m-gdn-w64-s4-recall", **_twin("smollm2-135m-gdn-w64-s4-recall"))(_factory("smollm2-135m-gdn-w64-s4-recall"))
+
+
+def heldout_perplexity(spec: str) -> dict | None:
+    """What `make train-twins` measured of twin `spec` on held-out prose (its card's
+    train_log.json, written with its weights): {"parent": the parent's spec, "lengths": {L:
+    {"parent": ppl, "twin": ppl, "state_off": ppl or None, "tokens": n, "documents": [...]}}}.
+    None for a name that is not a built twin. Each document is scored from its start over its
+    first L tokens, by the twin and by its parent on the same tokens (evalkit.training.linearize.perplexity)."""
+    if spec not in TWIN_MODELS:
+        return None
+    path = TWINS_DIR / spec / "train_log.json"  # written with the twin, by evalkit.training.output
+    if not path.is_file():
+        return None
+    import json
+
+    log = json.loads(path.read_text(encoding="utf-8"))
+    lengths = {}
+    for length, m in sorted((log.get("perplexity") or {}).items(), key=lambda kv: int(kv[0])):
+        try:
+            lengths[int(length)] = {"parent": float(m["parent"]["ppl"]),
+                                    "twin": float(m["twin"]["ppl"]),
+                                    "state_off": float(m["state_off"]["ppl"]) if "state_off" in m
+                                    else None,
+                                    "tokens": int(m["twin"]["tokens"]),
+                                    "documents": list(m["documents"])}
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: field 'perplexity.{length}': expected parent, twin "
+                             f"(ppl, tokens) and documents, got {sorted(m)} ({e})") from None
+    return {"parent": log["parent"], "lengths": lengths}

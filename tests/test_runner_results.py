@@ -208,3 +208,29 @@ def test_command_line_grid_flags_beat_per_task_overrides(tmp_path):
                                                            "--lengths", "64,128"]))
     assert (suite.lengths, suite.tasks[0].lengths, suite.tasks[0].loads) == ((64, 128), None, (8,))
     assert (source, resume) == (str(cfg), None)
+
+
+def test_models_flag_picks_a_declared_row_with_its_options(tmp_path):
+    """`--models NAME` on a config that declares NAME runs that row as declared (a twin's
+    state-off row keeps state_off=true): the standard board runs one folder per model."""
+    import argparse
+
+    from evalkit.cli.run import add_parser, build_suite
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    cfg = REPO / "configs" / "standard-twins.yaml"
+    off = "smollm2-135m-gdn-w64-s4-state-off"
+    suite, _, _ = build_suite(parser.parse_args(["run", "--config", str(cfg), "--models",
+                                                 f"{off},oracle"]))
+    (row, extra), full = suite.models, load_suite(cfg)
+    assert row == next(m for m in full.models if m.name == off)
+    assert (row.spec, row.options) == ("smollm2-135m-gdn-w64-s4", {"state_off": True})
+    assert (extra.name, extra.spec, extra.options) == ("oracle", None, {})
+    # its run's model identity is the full suite's: the same row, the same samples
+    assert [m for m in resolve(suite).models if m.name == off] == \
+        [m for m in resolve(full).models if m.name == off]
+    # options come from one place: --model-args beside a declared name is refused
+    with pytest.raises(SuiteError, match=rf"--models {off}: .*declares this model"):
+        build_suite(parser.parse_args(["run", "--config", str(cfg), "--models", off,
+                                       "--model-args", "state_off=false"]))

@@ -13,8 +13,10 @@ the results equal an uninterrupted run's; a run directory that does not exist ye
 match the run's.
 
 Flags override the config file's keys (grid flags beat per-task overrides); --tasks and
---models replace the config's lists. --tasks takes names, globs ("needle*") and groups ("all",
-or a suite's `groups:`). The sample cache lives in RUN_DIR/cache unless --cache-dir names a
+--models replace the config's lists; a --models name the config's `models:` list declares
+keeps its declared spec and options (`--config configs/standard-twins.yaml --models
+smollm2-135m-gdn-w64-s4-state-off` runs that one row). --tasks takes names, globs ("needle*")
+and groups ("all", or a suite's `groups:`). The sample cache lives in RUN_DIR/cache unless --cache-dir names a
 store shared between runs (safe: entries are keyed by model identity, probe and settings).
 --log-samples also writes probes.jsonl (every probe, so any prompt can be re-rendered);
 samples.jsonl is always written.
@@ -135,7 +137,7 @@ def build_suite(args) -> tuple[SuiteConfig, str, str | None]:
         raise SuiteError("--model-args applies to --models; give the models too "
                          "(or put options in the config's models list)")
     changes = {
-        "models": [{"name": m, "options": args.model_args or {}} for m in args.models]
+        "models": _chosen_models(suite, source, args.models, args.model_args)
         if args.models else None,
         "tasks": [{"name": t} for t in args.tasks] if args.tasks else None,
         "include": list(suite.include) + _absolute_paths(args.include) if args.include else None,
@@ -150,6 +152,25 @@ def build_suite(args) -> tuple[SuiteConfig, str, str | None]:
     if any(v is not None for v in changes.values()):
         suite = override(suite, "command line", **changes)
     return suite, source, resume_dir
+
+
+def _chosen_models(suite: SuiteConfig, source: str, names: list[str],
+                   model_args: dict | None) -> list[dict]:
+    """--models' entries. A name the suite's `models:` list declares picks that entry as
+    declared (its spec and options: `--models NAME-state-off` runs that row alone, e.g. one
+    run folder per model); any other name is loaded as given, with --model-args."""
+    declared = {m.name: m for m in suite.models}
+    entries = []
+    for name in names:
+        if name in declared:
+            if model_args:
+                raise SuiteError(f"--models {name}: {source} declares this model with its own "
+                                 f"options; drop --model-args, or declare another name in the "
+                                 f"config's models list")
+            entries.append(declared[name].model_dump())
+        else:
+            entries.append({"name": name, "options": model_args or {}})
+    return entries
 
 
 def _shard(args, resume_dir: str | None):

@@ -9,6 +9,7 @@ import pandas as pd
 
 from evalkit.bootstrap import check_resamples
 from evalkit.leaderboard import derived, served
+from evalkit.leaderboard.perplexity import perplexity_table
 from evalkit.leaderboard.load import Run
 from evalkit.leaderboard.merge import Merged, merge_runs
 from evalkit.leaderboard.tables import (aggregate, by_length, cell_rows, choose_primary,
@@ -51,6 +52,7 @@ class Board:
     use_chars: dict[str, bool]         # task_label -> tokenizers differ: plot in characters
     identities: dict[str, dict[str, Any]] = field(default_factory=dict)  # model_label -> identity
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)       # task_label -> info
+    perplexity: pd.DataFrame = field(default_factory=pd.DataFrame)     # from twins' cards
 
 
 def tokenizers_differ(samples: pd.DataFrame, identities: dict[str, dict]) -> dict[str, bool]:
@@ -105,7 +107,7 @@ def build(runs: list[Run], options: Options | None = None) -> Board:
                  capacity_knee=derived.capacity_knee(samples), pairs=pairs, cell_gaps=cell_gaps,
                  length_gaps=length_gaps, kinds=model_kinds(samples),
                  use_chars=tokenizers_differ(samples, identities), identities=identities,
-                 tasks=tasks)
+                 tasks=tasks, perplexity=perplexity_table(identities))
 
 
 def records(df: pd.DataFrame) -> list[dict[str, Any]]:

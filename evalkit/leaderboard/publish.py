@@ -183,6 +183,7 @@ def write_board(board: Board, out: Path, run_paths: Sequence[str],
         "effective_length": records(board.effective_length),
         "capacity_knee": records(board.capacity_knee),
         "gaps": {"cells": records(board.cell_gaps), "by_length": records(board.length_gaps)},
+        "perplexity": records(board.perplexity),
         "plots": {k: [rel for _, rel in v] for k, v in sections.items()},
         "skipped_plots": skipped,
     }

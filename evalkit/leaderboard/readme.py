@@ -154,6 +154,9 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
             for r in _pivot(bb, lengths, lambda r: fmt_bytes(r["state_bytes"]))]
     w(markdown_table(["model", "state"] + _len_header(lengths), rows) + "\n")
 
+    if not board.perplexity.empty:
+        w(perplexity_section(board.perplexity))
+
     # -- recall per byte -------------------------------------------------------------------
     w("## Recall per byte of state\n")
     w("Primary recall divided by the mean bytes held at the question on that task and length, "
@@ -206,6 +209,25 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
     w(how_to_read(o))
     w(_provenance(board, version))
     return "\n".join(out).rstrip() + "\n"
+
+
+def perplexity_section(table: pd.DataFrame) -> str:
+    """Held-out perplexity per model and length (evalkit.leaderboard.perplexity), x parent."""
+    lengths = sorted(int(x) for x in table["length"].unique())
+    rows = []
+    for label, g in table.groupby("model_label", sort=True):
+        by = {int(r["length"]): r for _, r in g.iterrows()}
+        rows.append([label] + [f"{by[n]['ppl']:.2f} ({by[n]['x_parent']:.2f}x)" if n in by else ""
+                               for n in lengths])
+    docs = sorted(set(table["documents"]))
+    sources = ", ".join(f"`{s}`" for s in sorted(set(table["source"])))
+    return ("## Held-out perplexity\n\n"
+            f"Perplexity (x the parent's) on held-out prose never trained on, each of "
+            f"{'/'.join(map(str, docs))} document(s) scored from its start over its first L "
+            f"tokens, twin and parent on the same tokens. Not measured by these runs: the "
+            f"numbers `make train-twins` wrote into the twins' cards ({sources}) with their "
+            f"weights; a state-off row is the same twin with its state switched off.\n\n"
+            + markdown_table(["model"] + _len_header(lengths), rows) + "\n")
 
 
 def _drift(drift: Sequence[tuple[str, dict]]) -> str:
