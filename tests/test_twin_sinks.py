@@ -281,9 +281,10 @@ def test_state_off_is_the_sink_window_reference_and_its_own_row(smol, tmp_path):
         GLAAdapter(str(tmp_path / "ref"), state_off=True)
 
 
-def test_a_fact_inside_the_sinks_is_an_error_naming_the_model_and_s(tmp_path):
+def test_a_fact_inside_the_sinks_is_flagged_naming_the_model_and_s(tmp_path, capsys):
     """A model that keeps its first S tokens exact would recall a fact placed there without
-    its state: such a sample is an error naming the model and S; deeper facts run."""
+    its state: such a sample is flagged in_sinks (not scored, not failed: exit status 0) and
+    the run names the model and S; deeper facts run."""
     import json
 
     from helpers import TINY_TOKENIZER, save_peaked_gla
@@ -302,5 +303,12 @@ def test_a_fact_inside_the_sinks_is_an_error_naming_the_model_and_s(tmp_path):
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     inside = [s for s in samples if s["depth"] == 0.0]
     name = f"gla:{tmp_path / 'ckpt'}"
-    assert code == 1 and inside and all(f"{name}'s 8 attention sinks" in s["error"] for s in inside)
-    assert all(s["error"] is None for s in samples if s["depth"] == 0.5)
+    assert code == 0 and inside
+    assert all(s["flag"] == "in_sinks" and s["error"] is None and not s["scores"] for s in inside)
+    err = capsys.readouterr().err
+    assert f"{len(inside)} samples flagged in_sinks, not evaluated" in err
+    assert f"{name}'s first 8 tokens" in err
+    deeper = [s for s in samples if s["depth"] == 0.5]
+    assert deeper and all(s["error"] is None and s["flag"] is None and s["scores"] for s in deeper)
+    results = json.loads((out / "results.json").read_text())
+    assert results["summary"]["flags"] == {"in_sinks": len(inside)}

@@ -21,7 +21,8 @@ store shared between runs (safe: entries are keyed by model identity, probe and 
 --log-samples also writes probes.jsonl (every probe, so any prompt can be re-rendered);
 samples.jsonl is always written.
 
-Exit status: 0 when every sample was evaluated (over-length samples are flagged, not failed);
+Exit status: 0 when every sample was evaluated (an over-length prompt, or a fact inside a
+model's attention sinks, is flagged, not failed);
 1 when any sample failed (each failure is in samples.jsonl with its error; the rest of the run
 is complete) or an lm-eval task failed on a model (one line each; the other pairs are scored),
 or when the system failed mid-run (a full disk: one line naming the file; the run directory is
@@ -173,6 +174,21 @@ def _chosen_models(suite: SuiteConfig, source: str, names: list[str],
     return entries
 
 
+def _say_in_sinks(results: dict) -> None:
+    """Name the models and S behind samples flagged in_sinks (one line, on stderr)."""
+    from evalkit.runner.execute import IN_SINKS
+
+    n = ((results.get("summary") or {}).get("flags") or {}).get(IN_SINKS, 0)
+    if not n:
+        return
+    sinks = {m: d.get("sinks") for m, d in (results.get("models") or {}).items()
+             if isinstance(d, dict) and d.get("sinks")}
+    which = ", ".join(f"{m}'s first {s} tokens" for m, s in sorted(sinks.items()))
+    print(f"evalkit run: {n} samples flagged {IN_SINKS}, not evaluated: the asked fact starts "
+          f"inside the attention sinks ({which}, kept exact), where recalling it would not "
+          f"measure the state; larger depths or lengths avoid them", file=sys.stderr)
+
+
 def _shard(args, resume_dir: str | None):
     """--shard I/N; a resume without it keeps the shard its config.json records."""
     from evalkit.runner import shard
@@ -264,6 +280,7 @@ def _run(args) -> int:
         for line in lm["problems"]:  # failed pairs, documents left out for an empty gold list
             print(f"evalkit run: {line}", file=sys.stderr)
     print(f"evalkit run: wrote {out.run_dir}/results.json and samples.jsonl")
+    _say_in_sinks(out.results or {})
     if part.count > 1:
         print(f"evalkit run: this is shard {part} of config {resolved.config_hash[:12]}: "
               f"publish it with the other {part.count - 1} (`evalkit publish DIR...`)")

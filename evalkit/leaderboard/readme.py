@@ -312,7 +312,8 @@ HOW_TO_READ = """## How to read
   these that the task has (`--primary-metric` overrides):
 {preference}
 - **n** counts scored samples (model x probe x question). A sample that failed (`error`) or
-  was not evaluated (`flag`, e.g. a prompt longer than the model's maximum) is not scored: it
+  was not evaluated (`flag`: `over_length`, a prompt longer than the model's maximum;
+  `in_sinks`, a fact inside the model's attention sinks, kept exact) is not scored: it
   is counted as failed / flagged, never as 0. Metric means and state bytes are over scored
   samples, prompt lengths over all samples (the runner's results.json conventions).
 - **Length** is the requested prompt length in the evaluated model's own tokens; the actual

@@ -1,6 +1,6 @@
 """The run loop: for each model, for each task, generate probes, plan, execute, record.
 
-    probes (per tokenizer) -> items (one per question) -> over-length? flag : plan
+    probes (per tokenizer) -> items (one per question) -> over-length, fact in sinks? flag : plan
     plan units (this --shard's part), sharded over ranks -> cached? reuse : execute -> cache
       (a served model under --arrivals: every task's requests in one schedule over the
       model's whole plan, each sent at its due time; evalkit.runner.arrivals)
@@ -204,7 +204,7 @@ class _Session:
                     s.flag = "over_length"  # never cut: a cut prompt measures something else
                     direct.append((item.order, s))
                 elif probe.questions[qi].fact_token < sinks:  # recalled from the sinks, not the state
-                    direct.append((item.order, in_sinks(run, item, sinks)))
+                    direct.append((item.order, in_sinks(run, item)))
                 else:
                     items.append(item)
 
