@@ -80,7 +80,7 @@ standard: setup setup-vllm
 	$(MAKE) --no-print-directory standard-board
 	$(MAKE) --no-print-directory standard-served
 standard-twins: setup
-	mkdir -p $(TWIN_RECORDS)
+	mkdir -p $(TWIN_RECORDS) runs
 	for m in $(or $(ONLY),$(TWIN_ROWS)); do \
 	    $(BIN)/evalkit run --config configs/standard-twins.yaml --models $$m \
 	        --output $(TWIN_RUNS)/$$m --resume || exit 1; \
