@@ -230,6 +230,9 @@ def test_models_flag_picks_a_declared_row_with_its_options(tmp_path):
     # its run's model identity is the full suite's: the same row, the same samples
     assert [m for m in resolve(suite).models if m.name == off] == \
         [m for m in resolve(full).models if m.name == off]
+    # a typo of a row (no model of that name either) names the row
+    with pytest.raises(SuiteError, match=rf"no such row in .*did you mean its row '{off}'"):
+        build_suite(parser.parse_args(["run", "--config", str(cfg), "--models", off[:-1]]))
     # options come from one place: --model-args beside a declared name is refused
     with pytest.raises(SuiteError, match=rf"--models {off}: .*declares this model"):
         build_suite(parser.parse_args(["run", "--config", str(cfg), "--models", off,

@@ -170,8 +170,21 @@ def _chosen_models(suite: SuiteConfig, source: str, names: list[str],
                                  f"config's models list")
             entries.append(declared[name].model_dump())
         else:
+            _not_a_row_typo(name, declared, source)
             entries.append({"name": name, "options": model_args or {}})
     return entries
+
+
+def _not_a_row_typo(name: str, declared: dict, source: str) -> None:
+    """A name close to one of the suite's rows that is no model either: say which row."""
+    import difflib
+
+    from evalkit.model_adapters.models import model_names
+
+    close = difflib.get_close_matches(name, list(declared), n=1)
+    if close and name not in model_names() and ":" not in name and not Path(name).exists():
+        raise SuiteError(f"--models {name}: no such row in {source} and no such model; did "
+                         f"you mean its row {close[0]!r}?")
 
 
 def _say_in_sinks(results: dict) -> None:
