@@ -27,7 +27,8 @@ def test_each_row_reads_its_own_model_from_the_cards():
            GDN: {"spec": GDN, "options": {}},
            f"{GDN}-state-off": {"spec": GDN, "options": {"state_off": True}},
            SWA: {"spec": SWA, "options": {}},
-           "oracle": {"spec": "oracle", "options": {}}}          # no card: no row
+           "oracle": {"spec": "oracle", "options": {}},         # no card: no row
+           "gdn-bf16": {"spec": GDN, "options": {"dtype": "bf16"}}}  # not what the card measured
     t = perplexity_table(ids)
     got = {(r.model_label, r.length): r for r in t.itertuples()}
     gdn, swa = card(GDN), card(SWA)

@@ -4,7 +4,9 @@ A board row's model is looked up by its identity (spec and options): a linearize
 card's twin perplexity, or its state-off one when it runs with `state_off`; a model that is a
 twin's parent gets the parent perplexity its twins' cards measured on the same documents. Not a
 run of this board: the cards' numbers, written by `make train-twins` with the twins' weights
-(evalkit.model_adapters.linearized.heldout_perplexity). Rows whose model has no card are absent.
+(evalkit.model_adapters.linearized.heldout_perplexity). Rows whose model has no card, or runs
+with load options other than `state_off` (another dtype: not the model the card measured), are
+absent.
 """
 from __future__ import annotations
 
@@ -46,13 +48,16 @@ def perplexity_table(identities: dict[str, dict[str, Any]]) -> pd.DataFrame:
     rows = []
     for label, ident in sorted(identities.items()):
         spec = ident.get("spec") or label
+        options = dict(ident.get("options") or {})
+        off = bool(options.pop("state_off", False))
+        if options:  # another dtype, chunking, ...: not the model the card measured
+            continue
         if label in cards:
-            off = bool((ident.get("options") or {}).get("state_off"))
             for length, m in cards[label][1]["lengths"].items():
                 ppl = m["state_off"] if off else m["twin"]
                 if ppl is not None:  # a twin without a state has no state-off perplexity
                     rows.append(_row(label, spec, length, ppl, m["parent"], m))
-        elif spec in parents and not ident.get("options"):
+        elif spec in parents and not off:
             twin, lengths = parents[spec]
             for length, m in lengths.items():
                 rows.append(_row(label, twin, length, m["parent"], m["parent"], m))
