@@ -172,8 +172,13 @@ train-twins: setup setup-twins
 	$(BIN)/evalkit linearize smollm2-135m --recipe configs/linearize.yaml --out model_adapters/twins \
 	    $(addprefix --only ,$(ONLY))
 
+# Two workers (pytest-xdist): most of the suite is one-core work (Python, child interpreters
+# importing torch and lm-eval, small matmuls), so two test files at a time, each worker with
+# half the cores (tests/conftest.py), finish well before one file at a time. A file stays on
+# one worker (--dist loadfile), so its module fixtures are built once. TEST_WORKERS=0: serial.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The XLA test environment: torch 2.9.0 + torch-xla 2.9.0. The project pins torch==2.13.0, so it installs with --no-deps and its other requirements
 # (read from pyproject.toml, torch dropped) resolve together with the older torch.

@@ -6,6 +6,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Under pytest-xdist (`make test` runs two workers), the cores are split between the workers:
+# each one's torch (and every child interpreter it starts) gets its share, not all of them, so
+# two workers on two cores do not fight over four threads.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+    os.environ.setdefault("MKL_NUM_THREADS", str(_share))
+
 import pytest
 
 
