@@ -10,7 +10,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # each one's torch (and every child interpreter it starts) gets its share, not all of them, so
 # two workers on two cores do not fight over four threads.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    _share = max(1, (_cores or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     os.environ.setdefault("OMP_NUM_THREADS", str(_share))
     os.environ.setdefault("MKL_NUM_THREADS", str(_share))
 
