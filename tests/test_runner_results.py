@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from evalkit.cli import main as cli_main
@@ -57,6 +59,9 @@ def test_run_directory_is_complete_and_done_is_written_last(small_run):
     assert prov == json.loads((out / "provenance.json").read_text())
     assert prov["git"]["commit"] and prov["git"]["dirty"] in (True, False)
     assert prov["packages"]["torch"] and prov["seeds"]["seed"] == 0 and prov["finished"]
+    # the machine that computed, beyond the kernel string: CPU model, torch's kernel dispatch level
+    assert prov["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert prov["cpu"]["cores"] == os.cpu_count() and prov["cpu"]["model"]
     for name, m in res["models"].items():
         assert len(m["hash"]) == 64 and m["tokenizer_hash"] == prov["tokenizers"][name]
     assert res["models"]["oracle"]["hash"] != res["models"]["forgetful"]["hash"]

@@ -5,13 +5,17 @@ sample cache and lm-eval's stored pairs are keyed on, so results of other code a
 reused); git commit and dirty flag of the evalkit checkout (when it is one);
 the config hash; each model's identity (weights hash, dtype, backend ... as the adapter reports
 it) with its hash and tokenizer hash; each task's version, config hash and source file; package
-versions; seeds; python and platform; start and finish timestamps. Nothing here varies between
-an interrupted-and-resumed run and an uninterrupted one except the timestamps.
+versions; seeds; python and platform; the CPU (its model, the instruction set torch's kernels
+dispatch to, the core count: two machines with the same code and packages can differ in the last
+bits of a log-probability, and the kernel string alone does not say which CPU ran); start and
+finish timestamps. Nothing here varies between an interrupted-and-resumed run and an
+uninterrupted one on the same machine except the timestamps.
 """
 from __future__ import annotations
 
 import hashlib
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -40,6 +44,23 @@ def package_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
+
+
+def cpu_facts() -> dict[str, Any]:
+    """The CPU that computed: model name, torch's dispatch level (e.g. AVX512, AVX2), cores."""
+    import torch  # every run that records provenance has loaded it already
+
+    model = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"model": model or platform.processor() or platform.machine(),
+            "torch_capability": torch.backends.cpu.get_cpu_capability(),
+            "cores": os.cpu_count()}
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
@@ -93,6 +114,7 @@ def collect(*, config_hash: str, seed: int, models: dict, tasks: dict, started: 
                   "probe_seed": "sha256(task, version, seed, length, depth, load, index)"},
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        "cpu": cpu_facts(),
         "started": started,
         "finished": finished,
         "resumed": resumed or [],
