@@ -135,6 +135,20 @@ def score_sample(prediction: str | None, gold: Sequence[str],
     return out
 
 
+def fill_missing(scores: dict[str, float], prediction: str | None, gold: Sequence[str],
+                 question_kind: str | None = None) -> dict[str, float]:
+    """A stored sample's `scores` plus every generation metric registered since it was scored,
+    computed from its stored answer and gold (the stored scores are kept as they are), so a
+    board publishes a new metric for old runs without rerunning them.
+
+    >>> fill_missing({"exact_match": 0.0}, " 1522", ["15"])["word_match"]
+    0.0
+    """
+    if prediction is None:
+        return dict(scores)
+    return {**score_sample(prediction, gold, None, question_kind), **scores}
+
+
 def example_accuracy(hits: np.ndarray, scored: np.ndarray) -> np.ndarray:
     """Zoology's accuracy per example: the share of its scored positions that are right.
 
@@ -233,9 +247,37 @@ def normalized_match(prediction: str, gold: Sequence[str]) -> float:
     return float(items == [normalize(g) for g in gold])
 
 
-@metric("string_match_all", kind=GENERATION, recall_rank=0)
+def _word_pattern(value: str) -> re.Pattern:
+    """`value` as a whole word or number: no letter, digit or underscore touching it, and no
+    decimal part after it ("15.5" does not hold the number 15; "15." and "15," do)."""
+    head = r"(?<!\w)(?<!\d\.)" if re.match(r"\w", value) else ""
+    tail = r"(?!\w)(?!\.\d)" if re.search(r"\w$", value) else ""
+    return re.compile(head + re.escape(value) + tail)
+
+
+@metric("word_match", kind=GENERATION, recall_rank=0)
+def word_match(prediction: str, gold: Sequence[str]) -> float:
+    """Share of gold values found in the answer as written, each as a whole word or number.
+
+    evalkit's default recall: a value inside a longer word or number does not count (RULER's
+    substring match credits ": 1522" for the gold 15, and a one-letter value "A" inside almost
+    any sentence). Case-sensitive: evalkit's values are lower-case words and numbers, and an
+    article "a" is no dock "A".
+
+    >>> word_match(" 4821.", ["4821"]), word_match(": 1522", ["15"])
+    (1.0, 0.0)
+    >>> word_match("7, 12 and 40", ["7", "12", "99"])
+    0.6666666666666666
+    """
+    return sum(bool(_word_pattern(g.strip()).search(prediction)) for g in gold) / len(gold)
+
+
+@metric("string_match_all", kind=GENERATION)
 def string_match_all(prediction: str, gold: Sequence[str]) -> float:
     """Share of gold values found in the answer, case-insensitive (RULER's metric).
+
+    A substring match, kept for parity with RULER's scores (`--primary-metric
+    string_match_all`); it credits "1522" for the gold 15, so it is not evalkit's default.
 
     >>> string_match_all("7, 12 and 40", ["7", "12", "99"])
     0.6666666666666666

@@ -34,10 +34,10 @@ def test_every_metric_has_a_worked_example_that_holds(name):
 
 def test_registry_order_kinds_and_recall_preference():
     assert [m.name for m in scoring.METRICS.values()] == ["exact_match", "contains", "normalized_match",
-                                     "string_match_all", "string_match_part", "partial_credit",
-                                     "forced_choice", "mqar_accuracy"]
+                                     "word_match", "string_match_all", "string_match_part",
+                                     "partial_credit", "forced_choice", "mqar_accuracy"]
     assert [m.name for m in scoring.of_kind(scoring.FORCED_CHOICE)] == ["forced_choice"]
-    assert scoring.recall_preference() == ["mqar_accuracy", "string_match_all", "exact_match",
+    assert scoring.recall_preference() == ["mqar_accuracy", "word_match", "exact_match",
                                            "contains", "forced_choice"]
     assert all(m.higher_is_better for m in scoring.METRICS.values())
 
@@ -104,7 +104,7 @@ def test_forced_choice_needs_distractors_and_strict_win():
 
 def test_score_sample_combines_generation_and_choice():
     s = score_sample(" 4821", ["4821"], [-0.1, -5.0])
-    assert s["exact_match"] == s["forced_choice"] == 1.0 and len(s) == 7
+    assert s["exact_match"] == s["forced_choice"] == 1.0 and len(s) == 8
     assert set(score_sample(None, ["4821"], [-0.1, -5.0])) == {"forced_choice"}
 
 

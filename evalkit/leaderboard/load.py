@@ -165,6 +165,13 @@ def load_run(path: str | Path) -> Run:
 
 
 def _frame(rows: list[dict], spath: Path, tasks: dict[str, dict]) -> pd.DataFrame:
+    for r in rows:  # a metric added since the run: scored from the stored answer
+        if r.get("error") is None and r.get("flag") is None:
+            try:
+                r["scores"] = scoring.fill_missing(r.get("scores") or {}, r.get("prediction"),
+                                                   r.get("gold") or [], r.get("kind"))
+            except ValueError as e:
+                raise ValueError(f"{spath}:{r['_line']}: {e}") from None
     metrics = sorted({m for r in rows for m in (r.get("scores") or {})})
     scoring.check_names(metrics, f"{spath}: scores")
     flat = []
