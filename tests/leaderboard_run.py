@@ -32,7 +32,7 @@ description: load sweep (leaderboard tests)
 params: {haystack: prose, digits: 4}
 defaults: {lengths: [256], depths: [0.5], loads: [1, 2, 4, 8], samples: 2}
 """
-PRIMARY = "string_match_all"
+PRIMARY = "word_match"
 
 
 def make_real_run(tmp_path_factory) -> Path:

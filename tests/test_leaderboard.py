@@ -50,7 +50,8 @@ def test_rows_match_samples_by_hand(real_run, board):
         assert row["model_hash"] == cell[0]["model_hash"] == res["models"][row["model"]]["hash"]
         assert row["task_version"] == "1"
         assert row["task_config_hash"] == res["tasks"][row["task"]]["config_hash"]
-        for metric in ("string_match_all", "exact_match", "forced_choice", "partial_credit"):
+        for metric in ("word_match", "string_match_all", "exact_match", "forced_choice",
+                       "partial_credit"):
             m, lo, hi = mean_wilson([s["scores"][metric] for s in ok])
             assert row[metric] == pytest.approx(m)
             assert (row[f"{metric}_lo"], row[f"{metric}_hi"]) == pytest.approx((lo, hi), abs=1e-12)
@@ -146,7 +147,9 @@ def test_readme_tables_by_hand(real_run, board):
         assert g["n_pairs"] == len(d) and g["gap"] == pytest.approx(statistics.fmean(d))
         assert min(d) - 1e-12 <= g["ci_low"] <= g["gap"] <= g["ci_high"] <= max(d) + 1e-12
         excludes_zero = g["ci_low"] > 0 or g["ci_high"] < 0
-        assert shown[(key[0], str(key[1]))][-1] == \
+        gen = table[0].index("by generation")
+        assert shown[(key[0], str(key[1]))][gen] == \
+            f"`{PRIMARY}` {g['baseline_recall']:.2f} -> {g['model_recall']:.2f}: " \
             f"{g['gap']:+.2f} [{g['ci_low']:+.2f}, {g['ci_high']:+.2f}]" + \
             (" *" if excludes_zero else "")
     assert any(statistics.fmean(d) > 0 for d in diffs.values())  # the oracle recalls more

@@ -202,6 +202,15 @@ def _say_in_sinks(results: dict) -> None:
           f"measure the state; larger depths or lengths avoid them", file=sys.stderr)
 
 
+def _say_unanswered(results: dict) -> None:
+    """Name the tasks on which every model's generated answers scored 0 (evalkit.unanswered)."""
+    from evalkit.unanswered import NOTE, unanswered_tasks
+
+    for task, metric in unanswered_tasks(results.get("rows") or []).items():
+        print(f"evalkit run: nothing answered {task} by generation (every model's {metric} is "
+              f"0.00): {NOTE}", file=sys.stderr)
+
+
 def _shard(args, resume_dir: str | None):
     """--shard I/N; a resume without it keeps the shard its config.json records."""
     from evalkit.runner import shard
@@ -294,6 +303,7 @@ def _run(args) -> int:
             print(f"evalkit run: {line}", file=sys.stderr)
     print(f"evalkit run: wrote {out.run_dir}/results.json and samples.jsonl")
     _say_in_sinks(out.results or {})
+    _say_unanswered(out.results or {})
     if part.count > 1:
         print(f"evalkit run: this is shard {part} of config {resolved.config_hash[:12]}: "
               f"publish it with the other {part.count - 1} (`evalkit publish DIR...`)")

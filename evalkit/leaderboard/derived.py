@@ -146,34 +146,65 @@ PAIR_KEY = ["task_label", "target_length", "depth", "load", "seed", "question"]
 def paired_samples(samples: pd.DataFrame, base: str, model: str) -> pd.DataFrame:
     """Samples answered (scored) by both models, matched on the logical probe: same task
     config, grid point, probe seed and question. The seed is derived from the task and grid
-    point, never from the tokenizer, so this pairs models with different tokenizers too."""
+    point, never from the tokenizer, so this pairs models with different tokenizers too.
+    Columns recall_base / recall_model, and other_base / other_model where the samples have
+    the task's other metric (tables.with_primary)."""
     s = samples[samples["scored"] & samples["recall"].notna()]
-    keep = PAIR_KEY + ["recall"]
+    keep = PAIR_KEY + [c for c in ("recall", "recall_metric", "other", "other_metric") if c in s]
     a = s[s["model_label"] == base][keep]
     b = s[s["model_label"] == model][keep]
     return a.merge(b, on=PAIR_KEY, suffixes=("_base", "_model"))
 
 
+GAP_COLUMNS = ["n_pairs", "baseline_recall", "model_recall", "gap", "ci_low", "ci_high"]
+OTHER = "other_"  # prefix of the other metric's gap columns (other_gap, other_ci_low, ...)
+
+
+def _gap(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int) -> dict:
+    lo, hi = paired_bootstrap(a, b, n_boot, seed)
+    return dict(n_pairs=len(a), baseline_recall=float(a.mean()), model_recall=float(b.mean()),
+                gap=float((a - b).mean()), ci_low=lo, ci_high=hi)
+
+
 def gaps(samples: pd.DataFrame, pairs: Sequence[tuple[str, str]], by: Sequence[str],
          n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> pd.DataFrame:
     """Recall gap = baseline minus model, per group `by` (subset of PAIR_KEY), over paired
-    samples, with a paired bootstrap 95 % interval. Positive: the model forgets more."""
+    samples, with a paired bootstrap 95 % interval. Positive: the model forgets more.
+
+    Each row holds the gap in the task's primary metric (`metric`; gap, ci_low, ...) and,
+    side by side, in its other metric (`other_metric`; other_gap, other_ci_low, ...: forced
+    choice beside a generated answer's recall), over the pairs that have it; NaN where the
+    task has no other metric."""
     by = list(by)
     out = []
     for base, model in pairs:
         p = paired_samples(samples, base, model)
         for key, g in p.groupby(by, sort=True):
             key = key if isinstance(key, tuple) else (key,)
-            a, b = g["recall_base"].to_numpy(), g["recall_model"].to_numpy()
-            d = a - b
-            lo, hi = paired_bootstrap(a, b, n_boot, seed_for(seed, base, model, *key))
-            out.append(dict(baseline=base, model=model, **dict(zip(by, key)),
-                            n_pairs=len(d), baseline_recall=float(g["recall_base"].mean()),
-                            model_recall=float(g["recall_model"].mean()),
-                            gap=float(d.mean()), ci_low=lo, ci_high=hi))
-    cols = ["baseline", "model"] + by + ["n_pairs", "baseline_recall", "model_recall", "gap",
-                                         "ci_low", "ci_high"]
+            row = dict(baseline=base, model=model, **dict(zip(by, key)),
+                       metric=g["recall_metric_base"].iat[0] if "recall_metric_base" in g else "")
+            row.update(_gap(g["recall_base"].to_numpy(float), g["recall_model"].to_numpy(float),
+                            n_boot, seed_for(seed, base, model, *key)))
+            name = g["other_metric_base"].iat[0] if "other_metric_base" in g else ""
+            o = g[g["other_base"].notna() & g["other_model"].notna()] if name else g.iloc[:0]
+            row["other_metric"] = name if len(o) else ""
+            other = (_gap(o["other_base"].to_numpy(float), o["other_model"].to_numpy(float),
+                          n_boot, seed_for(seed, base, model, *key, name)) if len(o) else
+                     dict.fromkeys(GAP_COLUMNS, float("nan")))
+            row.update({OTHER + k: v for k, v in other.items()})
+            out.append(row)
+    cols = (["baseline", "model"] + by + ["metric"] + GAP_COLUMNS + ["other_metric"]
+            + [OTHER + c for c in GAP_COLUMNS])
     return pd.DataFrame(out, columns=cols)
+
+
+def larger_gap(r: pd.Series) -> str:
+    """The metric with the larger gap in a gaps() row (the headline names it): the other
+    metric where its gap exceeds the primary's, else the primary."""
+    other = r.get(OTHER + "gap")
+    if r.get("other_metric") and other == other and other > r["gap"]:
+        return r["other_metric"]
+    return r["metric"]
 
 
 # -- capacity knee with a bootstrap interval (per state size) --------------------------------

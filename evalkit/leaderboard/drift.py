@@ -77,7 +77,8 @@ def _pair_models(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, str]]:
         return [(next(iter(a)), next(iter(b)))]
     if set(a) != set(b):
         raise ValueError(f"the runs hold different models: RUN_A {sorted(a)}, RUN_B {sorted(b)}"
-                         f" (compare one model's runs, or runs of the same models)")
+                         f" (compare one model's runs, or runs of the same models; to compare "
+                         f"two models question by question, name one of each with --models A,B)")
     return [(m, m) for m in sorted(a)]
 
 
@@ -86,15 +87,22 @@ def _short(v: Any) -> str:
     return s[:12] + "..." if isinstance(v, str) and len(v) == 64 else s  # a sha256: its head
 
 
+def model_diffs(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The identity fields outside SETTINGS that differ: [] for one model under two settings."""
+    keys = sorted(set(a) | set(b))
+    return [k for k in keys if k not in SETTINGS and k not in IGNORED and a.get(k) != b.get(k)]
+
+
 def setting_diffs(a: dict[str, Any], b: dict[str, Any], what: str) -> dict[str, list[Any]]:
     """{field: [A, B]} for the settings that differ; an error naming any model field that does."""
     keys = sorted(set(a) | set(b))
-    model = [k for k in keys if k not in SETTINGS and k not in IGNORED and a.get(k) != b.get(k)]
+    model = model_diffs(a, b)
     if model:
         what_differs = "; ".join(f"{k}: {_short(a.get(k))} vs {_short(b.get(k))}" for k in model)
         raise ValueError(f"{what}: the models differ ({what_differs}); compare runs of the same "
                          f"model (same weights, architecture and tokenizer) under different "
-                         f"settings")
+                         f"settings; `evalkit compare` of two models' runs compares them "
+                         f"question by question")
     return {k: [a.get(k), b.get(k)] for k in keys if k in SETTINGS and a.get(k) != b.get(k)}
 
 

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from evalkit import scoring
+from evalkit import scoring, unanswered
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP
 from evalkit.leaderboard import derived, published, recall_state
 from evalkit.leaderboard.board import Board
@@ -79,6 +79,11 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
         extra += f" --compare {folder}"
     w(f"Reproduce: `evalkit publish {args} --to {to}{extra}`\n")
 
+    w(headline(board))
+    silent = unanswered_notice(board)
+    if silent:
+        w(silent)
+
     # -- recall by length -----------------------------------------------------------------
     w("## Recall by context length\n")
     w("Mean primary recall [95 % interval] over scored samples, pooled over depth and load "
@@ -92,6 +97,9 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
         metric = board.primary[task] or "none scored"
         w(f"### {task}\n")
         w(f"Primary metric: `{metric}`.\n")
+        if task in board_silent_tasks(board):
+            w(f"**No model answered {task} by generation** (every {metric} is 0.00): "
+              f"{unanswered.NOTE}\n")
         rows = [[r[0], board.kinds.get(r[0], "")] + r[1:] for r in _pivot(g, lengths, fmt_recall)]
         w(markdown_table(["model", "state"] + _len_header(lengths), rows) + "\n")
         for m in (m.name for m in scoring.of_kind(scoring.FORCED_CHOICE)):
@@ -172,22 +180,17 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
     # -- gaps -----------------------------------------------------------------------------
     w("## Recall gap (baseline minus model)\n")
     if board.length_gaps.empty:
-        w("Not computed: no baseline/model pair answered the same probes (pairs: softmax "
-          "kv / kv-window baselines vs. recurrent models, plus oracle vs. forgetful; or "
-          "`--gap BASELINE:MODEL`).\n")
+        w(NO_GAPS)
     else:
         w(f"Paired over the same probes and questions; 95 % paired bootstrap interval "
-          f"([How to read](#how-to-read)); `*`: the interval excludes 0. Pooled over "
-          f"depth and load here; every (length, depth, load) cell is in [gaps.csv](gaps.csv)."
-          f"\n")
-        rows = []
-        for _, r in board.length_gaps.iterrows():
-            rows.append([r["baseline"], r["model"], r["task_label"], fmt_len(r["target_length"]),
-                         r["n_pairs"], _num(r["baseline_recall"]), _num(r["model_recall"]),
-                         f"{r['gap']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"
-                         + (" *" if r["ci_low"] > 0 or r["ci_high"] < 0 else "")])
-        w(markdown_table(["baseline", "model", "task", "length (tok)", "pairs", "baseline recall",
-                          "model recall", "gap [95 % CI]"], rows) + "\n")
+          f"([How to read](#how-to-read)); `*`: the interval excludes 0. Each metric the task "
+          f"scores side by side: its generated answers and its forced choice (baseline recall "
+          f"-> model recall: gap [95 % CI]); the larger gap is named last. Pooled over depth "
+          f"and load here; every (length, depth, load) cell is in [gaps.csv](gaps.csv).\n")
+        rows = [[r["baseline"], r["model"], r["task_label"], fmt_len(r["target_length"]),
+                 r["n_pairs"], *gap_cells(r)] for _, r in board.length_gaps.iterrows()]
+        w(markdown_table(["baseline", "model", "task", "length (tok)", "pairs"] + GAP_HEADER,
+                         rows) + "\n")
 
     if drift:
         w(_drift(drift))
@@ -209,6 +212,79 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
     w(how_to_read(o))
     w(_provenance(board, version))
     return "\n".join(out).rstrip() + "\n"
+
+
+NO_GAPS = ("Not computed: no baseline/model pair answered the same probes (pairs: softmax "
+           "kv / kv-window baselines vs. recurrent models, plus oracle vs. forgetful; or "
+           "`--gap BASELINE:MODEL`).\n")
+GAP_HEADER = ["by generation", "by forced choice", "larger gap"]
+def _gap_text(metric: str, n: int, base: float, model: float, gap: float, lo: float, hi: float,
+              n_pairs: int) -> str:
+    if not metric or gap != gap:
+        return "—"
+    star = " *" if lo > 0 or hi < 0 else ""
+    extra = f" (n={n})" if n != n_pairs else ""
+    return (f"`{metric}` {base:.2f} -> {model:.2f}: {gap:+.2f} [{lo:+.2f}, {hi:+.2f}]{star}"
+            f"{extra}")
+
+
+def gap_cells(r: pd.Series) -> list[str]:
+    """A gaps() row's gap per kind of metric (generation, forced choice) and the metric with
+    the larger gap: the side-by-side cells of every gap table (GAP_HEADER)."""
+    o = derived.OTHER
+    cells = {scoring.get(r["metric"]).kind if r["metric"] else "":
+             _gap_text(r["metric"], r["n_pairs"], r["baseline_recall"], r["model_recall"],
+                       r["gap"], r["ci_low"], r["ci_high"], r["n_pairs"])}
+    if r["other_metric"]:
+        cells[scoring.get(r["other_metric"]).kind] = _gap_text(
+            r["other_metric"], int(r[o + "n_pairs"]), r[o + "baseline_recall"],
+            r[o + "model_recall"], r[o + "gap"], r[o + "ci_low"], r[o + "ci_high"], r["n_pairs"])
+    return [cells.get(scoring.GENERATION, "—"), cells.get(scoring.FORCED_CHOICE, "—"),
+            f"`{derived.larger_gap(r)}`" if r["metric"] else "—"]
+
+
+def headline(board: Board) -> str:
+    """Each gap pair's loss per task, pooled over lengths, depth and load, in every metric the
+    task scores side by side, naming the metric with the larger gap."""
+    out = ["## Headline\n"]
+    if board.length_gaps.empty:
+        return "\n".join(out + [NO_GAPS])
+    o = board.options
+    g = derived.gaps(board.samples, board.pairs, ["task_label"], o.n_boot, o.seed)
+    out.append("What each model loses against its baseline on each task, pooled over lengths, "
+               "depth and load: baseline recall -> model recall, gap = baseline minus model "
+               "[95 % paired bootstrap interval], `*` where it excludes 0; by generation (the "
+               "generated answer) and by forced choice (the gold against the in-context "
+               "candidates) side by side. A model that answers nothing by generation shows its "
+               "loss only by forced choice; **larger gap** names the metric that shows more. "
+               "Per length: [Recall gap](#recall-gap-baseline-minus-model).\n")
+    rows = [[r["baseline"], r["model"], r["task_label"], r["n_pairs"], *gap_cells(r)]
+            for _, r in g.iterrows()]
+    out.append(markdown_table(["baseline", "model", "task", "pairs"] + GAP_HEADER, rows) + "\n")
+    return "\n".join(out)
+
+
+def board_silent_tasks(board: Board) -> list[str]:
+    """Tasks whose primary metric is a generation one and on which every model scored, and
+    every scored sample is 0: nothing was answered by generation."""
+    out = []
+    s = board.samples[board.samples["scored"] & board.samples["recall"].notna()]
+    for task, g in s.groupby("task_label", sort=True):
+        m = board.primary.get(task)
+        if m and scoring.get(m).kind == scoring.GENERATION and (g["recall"] == 0).all():
+            out.append(task)
+    return out
+
+
+def unanswered_notice(board: Board) -> str:
+    """The board's notice for tasks that no model answered by generation ("" if none)."""
+    tasks = board_silent_tasks(board)
+    if not tasks:
+        return ""
+    names = ", ".join(f"[{t}](#{t.lower()})" for t in tasks)
+    return (f"**Nothing answered by generation** on {names}: every model scores 0.00 there, "
+            f"so only forced choice (the headline's right column) tells the models apart; "
+            f"why and what to do: the task's section.\n")
 
 
 def perplexity_section(table: pd.DataFrame) -> str:
@@ -342,7 +418,16 @@ HOW_TO_READ = """## How to read
 - **Recall gap**: baseline recall minus the model's recall on the same probes and questions
   (paired by task config, length, depth, load, probe seed and question; only pairs that both
   models answered). Positive = the model forgets what the baseline recalls. `*` in the gap
-  plots and tables: its interval (below) excludes 0.
+  plots and tables: its interval (below) excludes 0. Every gap table and the headline show it
+  in each metric the task scores, side by side: the generated answer's (the primary metric,
+  or the best-ranked generation metric) and forced choice's, each over the pairs that have it,
+  and name the metric with the larger gap: two models that both answer nothing by generation
+  (0.00 each, gap +0.00) can still differ by forced choice. The plots and gaps.csv's `gap`
+  are the primary metric's; `other_gap` and its interval the other metric's.
+- **Whole-word match** (`word_match`, the default recall of a generated answer): a gold value
+  counts only as a whole word or number of the answer, as written; RULER's substring match
+  (`string_match_all`, in results.csv; `--primary-metric string_match_all`) also credits a
+  value found inside a longer one (": 1522" for the gold 15).
 - **Recall vs. distance**: the distance is the number of tokens from the asked fact to its
   question; samples are pooled in octave bins [2^b, 2^(b+1)), each bin's recall with its
   interval (below). A dotted line marks each model's exact window W (a linearized twin's

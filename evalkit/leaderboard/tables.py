@@ -1,11 +1,14 @@
 """Aggregation of merged samples into leaderboard rows (means and 95 % intervals by
 evalkit.cell_stats, the definition results.json uses: `<metric>`, `<metric>_lo`, `<metric>_hi`).
 
-Means are over *scored* samples only: a sample that failed (error) or was not evaluated (flag,
-e.g. longer than the model's maximum length) has no scores; it is counted in n_failed /
-n_flagged instead of being scored as 0 or silently dropped. Prompt tokens and characters are
+n and the means count every sample attempted (`scored`, evalkit.cell_stats): a sample that
+failed (error) is a miss (its scores are cell_stats.miss_scores, set by load.py), and counted in
+n_failed too; one not evaluated (flag, e.g. longer than the model's maximum length) is counted
+in n_flagged only, never scored as 0 nor silently dropped. Prompt tokens and characters are
 means over every sample that has them (a flagged prompt still has a length), state bytes over
-scored samples only: the same conventions as the runner's results.json.
+answered samples; latency_p50_s / p95 / p99 are cell_stats.percentiles of the served samples'
+response_s (a failure at its failure, none for a request never sent; p99 from 100 only): the
+same conventions as the runner's results.json.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from evalkit import scoring
-from evalkit.cell_stats import mean_ci, per_probe
+from evalkit.cell_stats import mean_ci, per_probe, percentiles
 from evalkit.leaderboard.load import SCORE_PREFIX, metric_columns
 from evalkit.leaderboard.merge import CELL_KEY, GRID_KEY
 
@@ -23,7 +26,7 @@ NAN = float("nan")
 PER_PROBE = "recall_per_probe"  # with_primary: is the sample's primary metric per_probe?
 ROW_ID = ["model", "model_label", "model_hash", "arrivals", "task", "task_label", "task_version",
           "task_config_hash"]
-LATENCY_QUANTILES = (50, 95, 99)  # latency_p50_s ...: served models' scored samples
+LATENCY_QUANTILES = (50, 95, 99)  # latency_p50_s ...: cell_stats.percentiles, served samples
 
 
 def _mean_ci(g: pd.DataFrame, metric: str) -> tuple[float, float, float]:
@@ -61,9 +64,9 @@ def aggregate(samples: pd.DataFrame, by: Sequence[str],
                    prompt_chars=float(g["prompt_chars"].mean()),
                    state_bytes=float(s["state_bytes"].mean()),
                    state_kind=",".join(sorted(set(g["state_kind"].dropna()))))
-        lat = s.loc[s["served"], "latency_s"].astype(float) if "served" in s else []
-        for q in LATENCY_QUANTILES:  # response time (result.latency_s); none in process
-            row[f"latency_p{q}_s"] = float(np.percentile(lat, q)) if len(lat) else NAN
+        lat = s.loc[s["served"], "response_s"].tolist() if "served" in s else []
+        for q, v in percentiles(lat).items():  # response times; none in process
+            row[f"latency_{q}_s"] = NAN if v is None else v
         for m in metrics:
             row[m], row[f"{m}_lo"], row[f"{m}_hi"] = _mean_ci(s, m)
         out.append(row)
@@ -104,16 +107,38 @@ def choose_primary(samples: pd.DataFrame, override: str | None = None) -> dict[s
     return out
 
 
+def other_metric(samples: pd.DataFrame, task: str, primary: str) -> str:
+    """The metric a task's gaps show beside its primary one: the task's best-ranked metric of
+    the other kind (forced choice beside a generated answer's recall, and the reverse), so a
+    loss that one kind hides (both models 0.00 by generation) shows in the other; "" if none."""
+    if not primary:
+        return ""
+    g = samples[samples["scored"] & (samples["task_label"] == task)]
+    present = [m for m in metric_columns(samples) if g[SCORE_PREFIX + m].notna().any()]
+    kind = scoring.get(primary).kind
+    order = scoring.recall_preference() + sorted(present)
+    return next((m for m in order if m in present and scoring.get(m).kind != kind
+                 and not scoring.get(m).question_kinds), "")
+
+
 def with_primary(samples: pd.DataFrame, primary: dict[str, str]) -> pd.DataFrame:
-    """Add a `recall` column: each sample's primary metric for its task."""
+    """Add a `recall` column: each sample's primary metric for its task, named in
+    `recall_metric`; and `other`: the task's other_metric, named in `other_metric`."""
     df = samples.copy()
     df["recall"] = np.nan
     df[PER_PROBE] = False
+    df["recall_metric"] = df["task_label"].map(primary).fillna("")
+    df["other"] = np.nan
+    df["other_metric"] = ""
     for label, m in primary.items():
         if m:
             sel = df["task_label"] == label
             df.loc[sel, "recall"] = df.loc[sel, SCORE_PREFIX + m]
             df.loc[sel, PER_PROBE] = per_probe(m)
+            other = other_metric(samples, label, m)
+            if other:
+                df.loc[sel, "other"] = df.loc[sel, SCORE_PREFIX + other]
+                df.loc[sel, "other_metric"] = other
     df[SCORE_PREFIX + "recall"] = df["recall"]
     return df
 

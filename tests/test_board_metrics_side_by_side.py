@@ -1,0 +1,128 @@
+"""Issue 58: the board shows the loss whichever metric shows it, and says when nothing was
+answered. Two committed real runs (SmolLM2-135M and its GLA twin, leaderboard/runs/) are
+published with one task's generated answers replaced by a non-answer in both runs, as a rerun
+of models that do not follow that prompt would have written them (scores recomputed by
+evalkit.scoring; forced choice, from the log-probabilities, unchanged). Numbers are checked
+against plain Python over samples.jsonl."""
+from __future__ import annotations
+
+import doctest
+import json
+import shutil
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from evalkit import scoring, unanswered
+from evalkit.leaderboard import Options, publish
+from helpers import REPO, restamp
+from leaderboard_run import readme_table
+
+BASE, MODEL = "smollm2-135m", "smollm2-135m-gla-w64-s4"
+SILENT = "needle"  # the task nobody answers here
+
+
+def _silence(run: Path) -> Path:
+    rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    for s in rows:
+        if s["task"] == SILENT and s["error"] is None and s["flag"] is None:
+            s["prediction"] = " I do not know."
+            s["scores"] = scoring.score_sample(s["prediction"], s["gold"],
+                                               s["candidate_logprobs"], s["kind"])
+    (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in rows))
+    return restamp(run)
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory) -> tuple[Path, dict[str, list[dict]]]:
+    root = tmp_path_factory.mktemp("silent")
+    runs, samples = [], {}
+    for m in (BASE, MODEL):
+        run = root / m
+        shutil.copytree(REPO / "leaderboard" / "runs" / "standard-twins" / m, run)
+        runs.append(_silence(run))
+        samples[m] = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    out = root / "board"
+    publish(runs, out, Options(gap_pairs=(f"{BASE}:{MODEL}",), n_boot=200))
+    return out, samples
+
+
+def _paired(samples: dict[str, list[dict]], metric: str) -> dict[str, list[tuple[float, float]]]:
+    """task -> [(baseline score, model score)] over the questions scored by both."""
+    key = lambda s: (s["task"], s["target_length"], s["depth"], s["load"], s["seed"],  # noqa: E731
+                     s["question"])
+    ok = lambda s: s["error"] is None and s["flag"] is None  # noqa: E731
+    a = {key(s): s for s in samples[BASE] if ok(s)}
+    b = {key(s): s for s in samples[MODEL] if ok(s)}
+    out = defaultdict(list)
+    for k in sorted(a.keys() & b.keys()):
+        if metric in a[k]["scores"] and metric in b[k]["scores"]:
+            out[k[0]].append((a[k]["scores"][metric], b[k]["scores"][metric]))
+    return out
+
+
+def test_headline_shows_each_metric_side_by_side_and_names_the_larger_gap(board):
+    out, samples = board
+    readme = (out / "README.md").read_text()
+    table = readme_table(readme, "## Headline")
+    head, rows = table[0], {r[head.index("task")]: r for r in table[1:]}
+    assert head == ["baseline", "model", "task", "pairs", "by generation", "by forced choice",
+                    "larger gap"]
+    gen, fc = _paired(samples, "word_match"), _paired(samples, "forced_choice")
+    assert set(rows) == set(gen) == set(fc)
+    for task, r in rows.items():
+        assert (r[0], r[1]) == (BASE, MODEL) and r[3] == str(len(gen[task]))
+        gaps = {}
+        for metric, pairs, cell in (("word_match", gen[task], r[4]),
+                                    ("forced_choice", fc[task], r[5])):
+            a = statistics.fmean(x for x, _ in pairs)
+            b = statistics.fmean(y for _, y in pairs)
+            gaps[metric] = statistics.fmean(x - y for x, y in pairs)
+            assert cell.startswith(f"`{metric}` {a:.2f} -> {b:.2f}: {gaps[metric]:+.2f} [")
+        larger = "forced_choice" if gaps["forced_choice"] > gaps["word_match"] else "word_match"
+        assert r[6] == f"`{larger}`"
+    # the silenced task: 0.00 -> 0.00 by generation, its loss (if any) only by forced choice
+    assert rows[SILENT][4].startswith("`word_match` 0.00 -> 0.00: +0.00 [+0.00, +0.00]")
+
+
+def test_gap_tables_and_gaps_csv_carry_forced_choice_beside_the_primary(board):
+    out, samples = board
+    cells = pd.read_csv(out / "gaps.csv")
+    assert set(cells["metric"]) == {"word_match"} and set(cells["other_metric"]) == {"forced_choice"}
+    fc = _paired(samples, "forced_choice")
+    by_task = cells.groupby("task_label").apply(
+        lambda g: (g["other_gap"] * g["other_n_pairs"]).sum() / g["other_n_pairs"].sum())
+    for task, pairs in fc.items():
+        assert by_task[task] == pytest.approx(statistics.fmean(x - y for x, y in pairs))
+    assert (cells["other_ci_low"] <= cells["other_gap"] + 1e-12).all()
+    assert (cells["other_gap"] <= cells["other_ci_high"] + 1e-12).all()
+    table = readme_table((out / "README.md").read_text(), "## Recall gap (baseline minus model)")
+    assert table[0][-3:] == ["by generation", "by forced choice", "larger gap"]
+    assert all(r[-2].startswith("`forced_choice` ") for r in table[1:])
+
+
+def test_nothing_answered_is_said_once_on_top_and_in_the_task(board):
+    out, _ = board
+    readme = (out / "README.md").read_text()
+    top = readme.split("## Recall by context length")[0]
+    assert f"**Nothing answered by generation** on [{SILENT}](#{SILENT}):" in top
+    assert top.count("[") and "needle_multi](" not in top.split("Nothing answered")[1]
+    section = readme.split(f"### {SILENT}\n", 1)[1].split("\n### ", 1)[0]
+    assert f"**No model answered {SILENT} by generation**" in section
+    assert "`smollm2-135m`" in section and "forced choice" in section
+    others = readme.split("**No model answered")
+    assert len(others) == 2  # only the silenced task
+
+
+def test_run_summary_names_unanswered_tasks():
+    assert doctest.testmod(unanswered).failed == 0
+    rows = [{"task": "t", "model": m, "n": 4, "metrics": {"word_match": {"mean": 0.0},
+                                                          "string_match_all": {"mean": 0.5},
+                                                          "forced_choice": {"mean": 0.75}}}
+            for m in ("a", "b")]
+    assert unanswered.unanswered_tasks(rows) == {"t": "word_match"}
+    rows[1]["metrics"]["word_match"]["mean"] = 0.25  # one model answered something
+    assert unanswered.unanswered_tasks(rows) == {}
