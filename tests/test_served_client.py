@@ -25,8 +25,8 @@ class LocalServer(ThreadingHTTPServer):
     `with` block; `stopped` wakes handlers that wait (slow or stalled answers)."""
     daemon_threads = True
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
-        super().__init__(("127.0.0.1", 0), handler)
+    def __init__(self, handler: type[BaseHTTPRequestHandler], port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), handler)  # a port: a server restarted on it
         self.lock, self.stopped = threading.Lock(), threading.Event()
         self.thread = threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True)
 
@@ -55,8 +55,9 @@ class Fake(LocalServer):
     `version` (404 when None). Every POST body and header set is kept."""
 
     def __init__(self, reply: Callable[["Handler", dict], None], *,
-                 models: list[dict] | None = None, version: str | None = None) -> None:
-        super().__init__(Handler)
+                 models: list[dict] | None = None, version: str | None = None,
+                 port: int = 0) -> None:
+        super().__init__(Handler, port)
         self.reply, self.version = reply, version
         self.models = models if models is not None else [{"id": "fake", "max_model_len": 4096}]
         self.bodies: list[dict] = []
@@ -259,7 +260,7 @@ def test_retry_after_beyond_the_deadline_fails_at_once():
     assert wall < 1.0, wall
 
 
-@pytest.mark.parametrize("status", [400, 404, 422, 429])
+@pytest.mark.parametrize("status", [400, 404, 422])
 def test_a_4xx_is_never_retried(status):
     with Fake(lambda h, body: h.json(status, {"error": "no"})) as srv:
         err, _ = bounded(lambda: client(srv.url).stream_completion(BODY))
@@ -292,8 +293,9 @@ def test_failure_causes_and_attempts():
 
 # -- proxies ----------------------------------------------------------------------------------
 def test_loopback_is_never_sent_through_an_environment_proxy(monkeypatch):
-    """HTTP(S)_PROXY / ALL_PROXY would carry the Bearer key to the proxy: not for loopback,
-    unless trust_env=True asks for it."""
+    """HTTP(S)_PROXY / ALL_PROXY would carry the Bearer key to the proxy: never for a server on
+    this machine, even with trust_env=True (a proxy would reach its own loopback, not ours).
+    More spellings of this machine: test_served_hostile.py."""
     with Fake(lambda h, b: h.json(502, {"error": "proxy"})) as proxy, \
             Fake(lambda h, b: h.json(200, {"choices": [{"index": 0, "text": "x"}]})) as srv:
         for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
@@ -306,8 +308,9 @@ def test_loopback_is_never_sent_through_an_environment_proxy(monkeypatch):
         assert not isinstance(out, BaseException), out
         assert proxy.hits == 0 and srv.hits == 1
         c = client(srv.url, trust_env=True, retries=0)
-        err, _ = bounded(lambda: c.post_json("/completions", BODY))
-        assert isinstance(err, ServerError) and proxy.hits == 1 and srv.hits == 1, err
+        out, _ = bounded(lambda: c.post_json("/completions", BODY))
+        assert not isinstance(out, BaseException), out
+        assert proxy.hits == 0 and srv.hits == 2
 
 
 # -- abort --------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -30,6 +31,17 @@ MAX_RATE = 10_000.0          # requests per second
 MAX_OFFSET_S = 7 * 86_400.0  # a week: a longer schedule is a typo
 MAX_TRACE_BYTES = 64 << 20
 MAX_TRACE_LINES = 1_000_000
+# a number as a person writes one: ASCII digits, one point, an exponent. float() also takes
+# "1_0" (10) and "１０" (fullwidth 10): each is a typo here, never a time
+_NUMBER = re.compile(r"[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|inf|infinity|nan)",
+                     re.ASCII | re.IGNORECASE)  # inf, nan: read, then refused as out of range
+
+
+def number(text: str) -> float:
+    """`text` as a plain decimal number; ValueError for anything float() would read loosely."""
+    if not _NUMBER.fullmatch(text):
+        raise ValueError(text)
+    return float(text)
 
 
 @dataclass(frozen=True)
@@ -43,8 +55,9 @@ class Arrivals:
     @property
     def label(self) -> str:
         """How results name the load: 'poisson:2/s' or 'trace:NAME@sha8'."""
-        if self.kind == "poisson":
-            return f"poisson:{self.rate:g}/s"
+        if self.kind == "poisson":  # exactly the rate: 12.34567 and 12.34571 are two loads
+            short = f"{self.rate:g}"
+            return f"poisson:{short if float(short) == self.rate else repr(self.rate)}/s"
         return f"trace:{Path(self.file).name}@{self.sha256[:8]}"
 
     def config(self) -> dict:
@@ -105,7 +118,7 @@ def parse(text: str, where: str = "--arrivals") -> Arrivals:
     kind, sep, arg = str(text).partition(":")
     if kind == "poisson" and sep:
         try:
-            rate = float(arg)
+            rate = number(arg.strip())
         except ValueError:
             rate = math.nan
         if not (math.isfinite(rate) and 0 < rate <= MAX_RATE):
@@ -133,7 +146,7 @@ def _trace(path: Path, where: str) -> Arrivals:
         if not value:
             continue
         try:
-            t = float(value)
+            t = number(value)
         except ValueError:
             raise ValueError(f"{path}:{i}: {value[:40]!r} is not an offset in seconds") from None
         if not (math.isfinite(t) and 0 <= t <= MAX_OFFSET_S):

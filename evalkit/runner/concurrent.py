@@ -5,7 +5,10 @@
         sent when one of the `cap` in flight ends
     open loop (--arrivals): items in due order; each is sent at its due time whatever is in
         flight. `cap` (MAX_OPEN) only bounds the threads: a request due while `cap` are open
-        waits, and that wait is its queue_s (counted, so the board can say so)
+        waits, and its queue_s is how late it was sent, from its due time (counted, so the
+        board can say so). That includes the wait of the requests before it: one held at the
+        cap holds every later one due meanwhile, which is then sent late without meeting the
+        cap itself
 
 A served adapter's state is token ids on the client, so each question is prefilled with its
 whole context and answered on its own thread: nothing is shared between threads but the
@@ -92,19 +95,23 @@ def execute_concurrent(run: ModelRun, items: Sequence[Request],
         raise ValueError(f"{len(due)} arrival times for {len(items)} requests")
     reqs = _Open(run, emit)
     t0 = time.monotonic()
+    held_until = -float("inf")  # when the loop last got past the cap
     try:
         for k, item in enumerate(items):
             at = None if due is None else t0 + due[k]
             while at is not None and (left := at - time.monotonic()) > 0:
                 reqs.settle(min(left, WAKE_S)) if reqs.open else time.sleep(min(left, WAKE_S))
-            waited = time.monotonic()
             if reqs.open >= cap:  # closed loop: the usual; open loop: the cap, counted
                 while reqs.open >= cap:
                     reqs.settle(WAKE_S)
-                waited = time.monotonic() - waited
-            else:
-                waited = 0.0
-            reqs.send(item, at, **({} if at is None else {"due_s": due[k], "queue_s": waited}))
+                held_until = time.monotonic()
+            if at is None:
+                reqs.send(item, None)
+                continue
+            # held at the cap after it fell due (itself, or behind an earlier request): it
+            # waited from its due time, not from when the loop reached it
+            late = time.monotonic() - at if held_until > at else 0.0
+            reqs.send(item, at, due_s=due[k], queue_s=max(late, 0.0))
         while reqs.open:
             reqs.settle(WAKE_S)
     except BaseException:  # Ctrl-C, SIGTERM: stop the open requests, keep the answered ones

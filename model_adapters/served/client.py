@@ -8,18 +8,23 @@ bound everything and `abort()` end every request at once, which a blocking socke
 - One deadline per request: `timeout_s` from the first send bounds every attempt, every
   backoff and every byte of the answer; a server that trickles bytes cannot extend it.
 - Retries (`retries` of them) only for what a retry can fix: a refused or reset connection, a
-  5xx, a cut-off or malformed answer; backoff is exponential, jittered, capped, and waits at
-  least what a Retry-After header asks (capped too). A wait that would pass the deadline is not
-  begun. A 4xx is the caller's mistake and is raised at once.
+  5xx, a 429 (too many requests), a cut-off or malformed answer; backoff is exponential,
+  jittered, capped, and waits at least what a Retry-After header asks (capped too). A wait that
+  would pass the deadline is not begun. Any other 4xx is the caller's mistake and is raised at
+  once.
 - A failure is a ServerError with `cause` (timeout, connect, http_5xx, http_4xx, bad_response,
   cancelled) and `attempts`, so the runner can count failures by cause.
-- A server still refusing connections after a request's retries is down: later requests to it
-  fail at once instead of each waiting out its own retries (`evalkit run --resume` retries them).
-  Several base URLs spread requests round-robin over the servers that are up.
-- No secret anywhere: a URL with credentials, a query or a fragment is refused without being
-  repeated; the API key is read from an environment variable and sent only as a header. An
-  environment proxy (HTTP_PROXY, ...) is never used for loopback (it would receive the key)
-  unless trust_env=True asks for it.
+- A refused connection is one request's failure, retried within that request's deadline; it
+  is never a verdict on the server for the rest of the run (a server restarting for a few
+  seconds refuses the requests sent meanwhile, and answers the ones sent after). Several base
+  URLs spread the attempts round-robin, so a retry goes to the next server.
+- No secret anywhere: a URL with credentials, a query, a fragment or path parameters is refused
+  without being repeated; the API key is read from an environment variable and sent only as a
+  header, and every text a server sends back (error bodies, answers, model lists) has the key
+  replaced by REDACTED before anything stores or prints it. An environment proxy (HTTP_PROXY,
+  ALL_PROXY, ...) is never used for a server on this machine (decided by resolving its host:
+  127.1, 0.0.0.0, [::ffff:127.0.0.1] and the host name are this machine too), nor for a plain
+  http:// server when a key is set (the proxy would read it); for https the key is inside TLS.
 """
 from __future__ import annotations
 
@@ -42,7 +47,7 @@ from httpx_sse import EventSource, SSEError
 from tenacity import (AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay,
                       wait_exponential_jitter)
 
-from evalkit.model_adapters.served.urls import clean_url, is_loopback
+from evalkit.model_adapters.served.urls import clean_url, on_this_machine
 
 MAX_RETRIES = 20
 MAX_TIMEOUT_S = 3600.0
@@ -51,6 +56,8 @@ MAX_RETRY_AFTER_S = 60.0  # a server's Retry-After is honoured up to this
 LOOP_PARSE_BYTES = 1 << 16  # larger JSON answers are parsed in a worker thread
 GRACE_S = 5.0             # the caller's own bound beyond the deadline (the loop's cancel path)
 CAUSES = ("timeout", "connect", "http_5xx", "http_4xx", "bad_response", "cancelled")
+MIN_KEY_CHARS = 8         # a shorter key could be an everyday word: redacting it would edit answers
+REDACTED = "<api key redacted>"
 
 
 class ServerError(ConnectionError):
@@ -125,19 +132,26 @@ class Client:
             raise ValueError(f"served: backoff_s={backoff_s}: expected 0..{MAX_BACKOFF_S:g} seconds")
         if trust_env not in (None, True, False):
             raise ValueError(f"served: trust_env={trust_env!r}: expected true (use HTTP_PROXY & "
-                             f"co. for every server), false (never) or unset (not for loopback)")
+                             f"co. for every server but this machine's), false (never) or unset "
+                             f"(https, and http without a key, not this machine)")
         self.timeout_s, self.retries = float(timeout_s), int(retries)
         self.backoff_s = float(backoff_s)
         self._headers = {"Content-Type": "application/json"}
-        self._key_env = api_key_env
+        self._key_env, self._key = api_key_env, None
         if api_key_env:
             key = os.environ.get(api_key_env)
             if not key:
                 raise ValueError(f"served: api_key_env={api_key_env}: that environment variable "
                                  f"is not set (it should hold the server's API key)")
+            if len(key.strip()) < MIN_KEY_CHARS:
+                raise ValueError(f"served: api_key_env={api_key_env}: the key is shorter than "
+                                 f"{MIN_KEY_CHARS} characters; every text a server sends back is "
+                                 f"redacted of it, which for so short a key would edit the "
+                                 f"model's answers (a server without a key needs no "
+                                 f"api_key_env)")
+            self._key = key
             self._headers["Authorization"] = f"Bearer {key}"
         self._turn = 0
-        self._down: dict[int, str] = {}  # base_url index -> why it counts as down
         self._lock = threading.Lock()
         self._aborted = threading.Event()
         self._tasks: set[asyncio.Task] = set()  # requests in flight (touched on the loop only)
@@ -145,13 +159,55 @@ class Client:
         timeout = httpx.Timeout(self.timeout_s, connect=min(10.0, self.timeout_s))
         self._http = [httpx.AsyncClient(
             timeout=timeout, limits=httpx.Limits(max_connections=None),
-            trust_env=(not is_loopback(u)) if trust_env is None else trust_env)
-            for u in self.base_urls]
+            trust_env=self._proxied(u, trust_env)) for u in self.base_urls]
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=_serve, args=(self._loop, list(self._http)),
                                         name="evalkit-served-client", daemon=True)
         self._thread.start()
         self._finalize = weakref.finalize(self, _stop_loop, self._loop)
+
+    def _proxied(self, url: str, trust_env: bool | None) -> bool:
+        """Whether requests to `url` may go through an environment proxy: never to this
+        machine (the proxy would reach its own loopback, with the key); never plain http with a
+        key (the proxy reads the header); https, or http without a key, unless trust_env=False."""
+        if trust_env is False or on_this_machine(url):
+            return False
+        if url.startswith("http://") and self._key is not None:
+            if trust_env:
+                raise ValueError(f"served: trust_env=true with api_key_env={self._key_env} and "
+                                 f"{url}: a proxy would read the key in the clear (plain http); "
+                                 f"use https, or leave trust_env unset (no proxy for it)")
+            return False
+        return True
+
+    def redact(self, text: str) -> str:
+        """`text` with the API key (as sent, JSON-escaped or percent-encoded) replaced by
+        REDACTED: every text from a server passes here before it is stored or printed."""
+        if not self._key or not isinstance(text, str):
+            return text
+        for form in _key_forms(self._key):
+            text = text.replace(form, REDACTED)
+        return text
+
+    def _scrub(self, obj: Any) -> Any:
+        """A parsed JSON answer with every string (keys too) redacted of the key."""
+        if not self._key:
+            return obj
+        if isinstance(obj, str):
+            return self.redact(obj)
+        if isinstance(obj, list):
+            return [self._scrub(v) for v in obj]
+        if isinstance(obj, dict):
+            return {self.redact(k): self._scrub(v) for k, v in obj.items()}
+        return obj
+
+    def _redacted(self, e: ServerError) -> ServerError:
+        text = self.redact(str(e))
+        if text == str(e):
+            return e
+        return ServerError(text, status=e.status, retryable=e.retryable, cause=e.cause,
+                           attempts=e.attempts, retry_after=e.retry_after,
+                           nothing_sent=e.nothing_sent)
 
     @property
     def headers(self) -> dict:
@@ -187,6 +243,8 @@ class Client:
         fut = asyncio.run_coroutine_threadsafe(make(), self._loop)
         try:
             return fut.result(timeout=self.timeout_s + GRACE_S)
+        except ServerError as e:  # its message may quote a server's text
+            raise self._redacted(e) from None
         except concurrent.futures.TimeoutError:
             fut.cancel()
             raise ServerError(f"{what}: no answer within timeout_s={self.timeout_s:g} s",
@@ -225,21 +283,12 @@ class Client:
             stop=stop_after_attempt(tries or self.retries + 1) | stop_before_delay(self.timeout_s),
             wait=self._wait, retry=retry_if_exception(lambda e: getattr(e, "retryable", False)),
             reraise=True)
-        i = index
         try:
             async for attempt in retrying:
                 with attempt:
                     trace.attempts = attempt.retry_state.attempt_number
-                    i = self._pick(index, what)
-                    return await fn(i, trace)
-        except _Down as e:  # nothing was attempted
-            raise ServerError(f"{what}: {e}", cause=e.cause, attempts=0) from None
+                    return await fn(self._pick(index), trace)
         except ServerError as e:
-            if e.cause == "connect" and e.nothing_sent and i is not None:
-                # nobody listens there any more: later requests fail at once
-                with self._lock:
-                    self._down.setdefault(i, f"refused connections on {trace.attempts} "
-                                             f"attempt(s) ({e})")
             raise ServerError(f"{what}: failed after {trace.attempts} attempt(s): {e}",
                               status=e.status, retryable=e.retryable, cause=e.cause,
                               attempts=trace.attempts) from None
@@ -252,20 +301,14 @@ class Client:
         asked = getattr(state.outcome.exception(), "retry_after", None)
         return max(wait, min(asked, MAX_RETRY_AFTER_S)) if asked else wait
 
-    def _pick(self, index: int | None, what: str) -> int:
-        """`index`, or the next server that is up (round-robin); none up: fail at once."""
-        with self._lock:
-            up = [i for i in range(len(self.base_urls)) if i not in self._down]
-            if index is None and up:
-                index = up[self._turn % len(up)]
-                self._turn += 1
-            if index is None or index in self._down:
-                why = "; ".join(f"{self.base_urls[i]} {r}" for i, r in sorted(self._down.items())
-                                if index is None or i == index)
-                raise _Down(f"not sent, the server is down ({why}); `evalkit run --resume` "
-                            f"retries the failed samples once it is back", cause="connect",
-                            attempts=0)
+    def _pick(self, index: int | None) -> int:
+        """`index`, or the next server (round-robin, attempt by attempt: a retry goes to the
+        next one). No server is ever written off: each attempt finds out for itself."""
+        if index is not None:
             return index
+        with self._lock:
+            self._turn += 1
+            return (self._turn - 1) % len(self.base_urls)
 
     @asynccontextmanager
     async def _open(self, i: int, method: str, path: str, body: dict | None, trace: _Trace,
@@ -301,20 +344,22 @@ class Client:
             await r.aclose()
 
     async def _refuse(self, r: httpx.Response, url: str) -> None:
-        text = b""
-        async for part in r.aiter_bytes():  # the first 300 bytes say enough
+        text, room = b"", 300 + 6 * len(self._key or "")  # a key that straddles 300 is whole
+        async for part in r.aiter_bytes():  # the first 300 characters say enough
             text += part
-            if len(text) >= 300:
+            if len(text) >= room:
                 break
         status = r.status_code
-        msg = f"{url}: HTTP {status}: {text[:300].decode('utf-8', 'replace')}".replace("\n", " ")
+        said = self.redact(text[:room].decode("utf-8", "replace"))[:300]
+        msg = f"{url}: HTTP {status}: {said}".replace("\n", " ")
         if status == 401:
             msg = (f"{url}: HTTP 401 Unauthorized: the server refused the API key in "
                    f"${self._key_env}" if self._key_env else
                    f"{url}: HTTP 401 Unauthorized: the server wants an API key; pass "
                    f"api_key_env=NAME with the key in that environment variable")
         cause = "http_5xx" if status >= 500 else "http_4xx" if status >= 400 else "bad_response"
-        raise ServerError(msg, status=status, retryable=status >= 500, cause=cause,
+        # 429 asks to come back later (after its Retry-After), as a 503 does
+        raise ServerError(msg, status=status, retryable=status >= 500 or status == 429, cause=cause,
                           retry_after=_retry_after(r.headers.get("retry-after")))
 
     # -- endpoints ------------------------------------------------------------------------------
@@ -352,11 +397,12 @@ class Client:
         async with self._open(i, method, path, body, trace, base) as r:
             data = await r.aread()
         try:
+            parse = lambda: self._scrub(json.loads(data))
             if len(data) < LOOP_PARSE_BYTES:
-                return json.loads(data)
+                return parse()
             # a large answer (prompt_logprobs of long prompts) is parsed off the loop, which
             # would otherwise hold every other stream's tokens (and their timing) meanwhile
-            return await asyncio.to_thread(json.loads, data)
+            return await asyncio.to_thread(parse)
         except ValueError as e:  # UTF-8 JSON (RFC 8259) whatever the headers say
             raise _malformed(f"malformed JSON ({_short(e)})") from None
 
@@ -373,7 +419,7 @@ class Client:
                     async for event in _Events(r).aiter_sse():
                         if event.data == "[DONE]":
                             return "".join(text), last, time.monotonic()
-                        last = _chunk(event.data)
+                        last = self._scrub(_chunk(self.redact(event.data)))
                         for ch in last.get("choices") or []:
                             piece = (ch.get("text") if isinstance(ch, dict) else None) or ""
                             if piece and trace.first_text_at is None:
@@ -386,12 +432,9 @@ class Client:
         what = "POST /completions (stream)"
         (text, last, done), trace = self._sync(what, lambda: self._request(what, once))
         ttft = None if trace.first_text_at is None else trace.first_text_at - trace.sent_at
-        return text, last, Timing(ttft, done - trace.sent_at, trace.attempts, trace.sent_at,
+        # the key may be split over two chunks: the whole answer is redacted again
+        return self.redact(text), last, Timing(ttft, done - trace.sent_at, trace.attempts, trace.sent_at,
                                   done)
-
-
-class _Down(ServerError):
-    """No server to send to: every one that could take the request is down."""
 
 
 class _Events(EventSource):
@@ -420,14 +463,22 @@ def _chunk(data: str) -> dict:
     return chunk
 
 
+def _key_forms(key: str) -> list[str]:
+    """The ways a server may write `key` back: as sent, JSON-escaped (with / as \\/ too),
+    percent-encoded; longest first, so a longer form is replaced whole."""
+    from urllib.parse import quote
+
+    escaped = json.dumps(key)[1:-1]
+    forms = {key, escaped, escaped.replace("/", "\\/"), quote(key, safe="")}
+    return sorted(forms, key=len, reverse=True)
+
+
 def _retry_after(value: str | None) -> float | None:
     """Retry-After in seconds (a number or an HTTP date); None when absent or unreadable."""
     if not value:
         return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+    if re.fullmatch(r"\s*\d+(\.\d+)?\s*", value, re.ASCII):  # seconds (float() also takes 1_0)
+        return float(value)
     try:
         return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
     except (TypeError, ValueError, OverflowError):
