@@ -332,14 +332,17 @@ def _is_served(spec: str) -> bool:
 
 
 def _holds_secret(text: str) -> bool:
-    """Whether a URL inside a model spec or name carries credentials (user:pass@) or a query
-    or fragment (?token=...): such a spec is refused by the runner before it is loaded,
-    printed or stored, and no message repeats it."""
+    """Whether a URL inside a model spec or name carries credentials (user:pass@), a query, a
+    fragment or path parameters (?token=..., ;token=...): such a spec is refused by the runner
+    before it is loaded, printed or stored, and no message repeats it."""
+    from evalkit.model_adapters.served.urls import holds_secret
+
     for piece in str(text).split("|"):
         if "://" not in piece:
             continue
-        netloc = piece.split("://", 1)[1].split("/", 1)[0]
-        if "@" in netloc or "?" in piece or "#" in piece:
+        # from the URL's scheme on (a spec's "served:" before it is no part of it); a path
+        # parameter (;token=...) hides a secret as a query does
+        if holds_secret(piece[piece.rfind(":", 0, piece.index("://")) + 1:]):
             return True
     return False
 
