@@ -344,3 +344,81 @@ def test_queue_s_is_the_whole_wait_at_the_cap(tmp_path, monkeypatch):
         waited = arrived - start - r["due_s"]
         assert r["queue_s"] == pytest.approx(waited, abs=0.12), (g, r["queue_s"], waited)
     assert max(r["queue_s"] for r in rows) > 1.5  # the last ones waited for six 0.3 s turns
+
+
+# -- 8: the served model's identity as the server reports it -----------------------------------
+def _identity(url: str) -> dict:
+    from evalkit.model_adapters.models import load_model
+
+    adapter = load_model(f"served:{url}", tokenizer=str(TINY_TOKENIZER), retries=0)
+    try:
+        return adapter.identity()
+    finally:
+        adapter.client.close()
+
+
+def _scoring(h, body) -> None:
+    h.json(200, {"choices": [{"index": 0, "text": "", "prompt_logprobs": [None] + [
+        {str(t): {"logprob": -1.0}} for t in body["prompt"][1:]]}]})
+
+
+def test_the_identity_holds_the_served_card_less_what_changes_by_the_call():
+    """Same name, same engine version, other weights (root): another identity. vLLM fills
+    `created` with the time of the listing and `permission` with a random id: those are left
+    out, or no run would ever find its own cache again."""
+    card = {"id": "m", "object": "model", "owned_by": "vllm", "root": "org/weights-a",
+            "parent": None, "max_model_len": 4096}
+    with Fake(_scoring, models=[{**card, "created": 1, "permission": [{"id": "a"}]}],
+              version="0.0.0-fake") as srv:
+        a = _identity(srv.url)
+        srv.models = [{**card, "created": 2, "permission": [{"id": "b"}]}]
+        assert _identity(srv.url) == a  # only the listing's clock and ids moved
+        srv.models = [{**card, "root": "org/weights-b", "created": 3}]
+        b = _identity(srv.url)
+    assert a["served_card"] == card and a["name"] == b["name"] == "served:m"
+    assert b["served_card"]["root"] == "org/weights-b" and b != a
+
+
+def test_a_local_root_is_keyed_by_its_weights_not_its_path(tmp_path):
+    """A server on this machine serving /some/clone/model: the card holds the folder's name and
+    its weights' hash, so a clone elsewhere is the same model and weights overwritten in place
+    are another."""
+    import torch
+    from safetensors.torch import save_file
+
+    roots = [tmp_path / "clone1" / "model", tmp_path / "clone2" / "model"]
+    for r in roots:
+        r.mkdir(parents=True)
+        save_file({"w": torch.zeros(4)}, str(r / "model.safetensors"))
+    cards = []
+    with Fake(_scoring, models=[{"id": "m", "root": str(roots[0])}]) as srv:
+        cards.append(_identity(srv.url)["served_card"])
+        srv.models = [{"id": "m", "root": str(roots[1])}]
+        cards.append(_identity(srv.url)["served_card"])
+        save_file({"w": torch.ones(4)}, str(roots[1] / "model.safetensors"))
+        cards.append(_identity(srv.url)["served_card"])
+    assert cards[0] == cards[1] and cards[0]["root"]["folder"] == "model"
+    assert str(tmp_path) not in json.dumps(cards[0])
+    assert cards[2] != cards[1]
+
+
+def test_a_redeployed_model_is_not_resumed_nor_its_cache_reused(tmp_path, capsys):
+    """The review: a model redeployed with other weights under the same name and version reused
+    cached answers, and --resume accepted it."""
+    with OneSlot(0.0) as srv:
+        srv.models = [{"id": "fake", "root": "org/weights-a", "max_model_len": 4096}]
+        suite = suite_file(tmp_path, srv.url, samples=1, lengths=(64,), depths=(0.5,))
+        cache = str(tmp_path / "cache")
+        rc, rows = run(suite, tmp_path / "a", "--cache-dir", cache)
+        assert rc == 0 and len(rows) == 1
+        srv.models = [{"id": "fake", "root": "org/weights-b", "max_model_len": 4096}]
+        capsys.readouterr()
+        rc, _ = run(suite, tmp_path / "a", "--resume")
+        err = capsys.readouterr().err
+        assert rc == 2 and "is not the model this run started with" in err, err
+        assert "served_card" in err
+        sent = len(srv.greedy)
+        rc, rows = run(suite, tmp_path / "b", "--cache-dir", cache)
+        assert rc == 0 and len(rows) == 1
+        assert len(srv.greedy) == sent + 1  # asked again, not taken from the cache
+    assert "(0 from cache, 1 evaluated)" in capsys.readouterr().out

@@ -22,9 +22,11 @@ Prompts go as token ids, so the server sees exactly the tokens the probe fitted;
 does not take token ids is an error, never a fall-back to text. The server's context limit
 (`max_model_len` of /v1/models) is `max_length`, so the runner flags longer probes before
 anything is sent. Every server of a list is probed (engine, version, model, context limit,
-scoring method) and servers that disagree are refused. The identity holds the served model's
-name, the local folder's weights and tokenizer hashes, the engine's version and fingerprint,
-never a URL or a key.
+scoring method, model card) and servers that disagree are refused. The identity holds the
+served model's name and its card as the server reports it (`served_card`: /v1/models' entry,
+so a model redeployed from other weights under the same name changes the cache key and a
+resume refuses it), the local folder's weights and tokenizer hashes, the engine's version and
+fingerprint, never a URL or a key.
 
 What a sample costs is counted in prompt tokens sent: the state is token ids on the client, so
 every request carries its whole prompt and the server prefills all of it (the greedy prompt,
@@ -45,7 +47,7 @@ from typing import Any, Iterator, Sequence
 from evalkit.model_adapters.facts import ModelFacts, config_facts
 from evalkit.model_adapters.protocol import AdapterBase, Serving, cut_at_stop
 from evalkit.model_adapters.served.client import Client, ServerError, Timing
-from evalkit.model_adapters.served.urls import clean_url, public_url
+from evalkit.model_adapters.served.urls import clean_url, on_this_machine, public_url
 from evalkit.model_adapters.models import register_model
 from evalkit.model_adapters.state_kind import StateBytes
 
@@ -55,6 +57,9 @@ MAX_CONCURRENCY = 1024
 ECHO = {"max_tokens": 1, "echo": True, "logprobs": 0}
 # Greedy with nothing else: top_k -1 is "off" on vLLM (0.32 also takes 0), SGLang and llama.cpp;
 # penalties at their identity values; a fixed seed for engines that sample anyway.
+# /v1/models fields that are no part of the model: vLLM, SGLang and llama.cpp fill `created`
+# with the time of the listing (every call differs) and vLLM's `permission` with a random id
+VOLATILE = ("created", "permission")
 NEUTRAL = {"temperature": 0, "top_p": 1, "top_k": -1, "min_p": 0, "repetition_penalty": 1,
            "frequency_penalty": 0, "presence_penalty": 0, "seed": 0}
 
@@ -111,7 +116,8 @@ class ServedAdapter(AdapterBase):
         self._token_forms: dict[int, tuple[str, ...]] = {}
         self._local = threading.local()  # this thread's Sent inside metered()
         self.name = name or "served"  # until the served model's name is known
-        self.served_model, self.max_length, self.server, self.score_method = self._probe_all(model)
+        (self.served_model, self.max_length, self.server, self.score_method,
+         self.served_card) = self._probe_all(model)
         if max_length is not None:  # a lower limit than the server's: flag longer probes
             if not 1 <= int(max_length) <= (self.max_length or int(max_length)):
                 raise ValueError(f"served: max_length={max_length}: expected 1..{self.max_length} "
@@ -128,14 +134,15 @@ class ServedAdapter(AdapterBase):
                            else self.facts.state_at(8192, self.dtype).kind)
 
     # -- discovery --------------------------------------------------------------------------
-    def _probe_all(self, model: str | None) -> tuple[str, int | None, dict, str]:
-        """Probe every server; (model, max_model_len, engine, score method) where all agree. A
-        list of servers that disagree would mix two engines' numbers under one name."""
+    def _probe_all(self, model: str | None) -> tuple[str, int | None, dict, str, dict]:
+        """Probe every server; (model, max_model_len, engine, score method, model card) where
+        all agree. A list of servers that disagree would mix two engines' (or two weights')
+        numbers under one name."""
         found = [self._probe(0, model)]
         urls = self.client.base_urls
         for i in range(1, len(urls)):
             found.append(self._probe(i, found[0]["model"]))
-            for field in ("engine", "version", "max_model_len", "score_method"):
+            for field in ("engine", "version", "max_model_len", "score_method", "card"):
                 a, b = found[0].get(field), found[i].get(field)
                 if a != b:
                     raise ValueError(f"served: the servers disagree on {field}: {urls[0]} has "
@@ -144,7 +151,7 @@ class ServedAdapter(AdapterBase):
         first = found[0]
         return (first["model"], first["max_model_len"],
                 {k: first[k] for k in ("engine", "version") if first.get(k)},
-                first["score_method"])
+                first["score_method"], first["card"])
 
     def _probe(self, index: int, model: str | None) -> dict:
         url = self.client.base_urls[index]
@@ -169,7 +176,25 @@ class ServedAdapter(AdapterBase):
         engine = ({"engine": "vllm", "version": str(version["version"])}
                   if isinstance(version, dict) and "version" in version else {})
         return {"model": model, "max_model_len": int(limit) if limit else None, **engine,
-                "score_method": self._probe_scoring(index, model)}
+                "score_method": self._probe_scoring(index, model),
+                "card": self._card(entries[model], url)}
+
+    @staticmethod
+    def _card(entry: dict, url: str) -> dict:
+        """The served model as the server reports it (/v1/models: id, root, parent, owned_by,
+        max_model_len and whatever else it lists), less the fields that change by the call. A
+        root that is a folder of this machine's (a server on it) is keyed by its weights'
+        content instead of its path: a clone elsewhere serves the same model, and weights
+        overwritten in place are another."""
+        from evalkit.model_adapters.weights import weights_hash
+
+        card = {str(k): v for k, v in entry.items() if k not in VOLATILE}
+        root = card.get("root")
+        if isinstance(root, str) and root.startswith("/") and on_this_machine(url):
+            files = sorted(Path(root).glob("*.safetensors")) if Path(root).is_dir() else []
+            if files:
+                card["root"] = {"folder": Path(root).name, "weights_hash": weights_hash(files)}
+        return card
 
     def _probe_scoring(self, index: int, model: str) -> str:
         """prompt_logprobs where the server offers them (vLLM, SGLang), else echo+logprobs; a
@@ -365,7 +390,9 @@ class ServedAdapter(AdapterBase):
         return {"name": self.name, "kind": "served", "served_model": self.served_model,
                 "weights_hash": weights_hash(files) if files else "unknown (no local weights)",
                 "weights_files": [f.name for f in files],
-                "tokenizer_hash": tokenizer_hash(self.tokenizer), "server": {**self.server, "system_fingerprint": self._fingerprint},
+                "served_card": self.served_card,
+                "tokenizer_hash": tokenizer_hash(self.tokenizer),
+                "server": {**self.server, "system_fingerprint": self._fingerprint},
                 "score_method": self.score_method, "max_length": self.max_length,
                 "state_source": "from config" if self.state_kind != "unknown" else "unknown",
                 "state_dtype": dtype_name(self.dtype)}
