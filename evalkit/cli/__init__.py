@@ -13,6 +13,7 @@ COMMANDS = {
     "generate": "evalkit.cli.generate",
     "models": "evalkit.cli.models",
     "state": "evalkit.cli.state",
+    "heads": "evalkit.cli.heads",
     "cost": "evalkit.cli.cost",
     "run": "evalkit.cli.run",
     "publish": "evalkit.cli.publish",

@@ -12,11 +12,11 @@ import torch
 
 from evalkit.model_adapters.cache_state import cache_state
 from evalkit.model_adapters.hf_base import HFBase, HFState, eos_ids
-from evalkit.model_adapters.softmax import kv_cache
+from evalkit.model_adapters.softmax import heads_file, kv_cache, policy as mem
 from evalkit.model_adapters.facts import hf_facts
 from evalkit.model_adapters.softmax.describe import split_path
 from evalkit.model_adapters.softmax.kv_cache import KVProfile, kv_profile, matched_window
-from evalkit.model_adapters.weights import (WeightFileError, check_floating, index_shards,
+from evalkit.model_adapters.weights import (WeightFileError, check_floating, file_sha256, index_shards,
                                             safetensors_dtypes)
 from evalkit.model_adapters.state_match import matched_state_bytes
 from evalkit.model_adapters.state_kind import StateBytes
@@ -80,7 +80,9 @@ class SoftmaxAdapter(HFBase):
     def __init__(self, path: str | os.PathLike, *, name: str | None = None, device: str = "cpu",
                  dtype: Any = "fp32", trust_remote_code: bool = False, window: int | None = None,
                  kv_budget_bytes: int | None = None, match_state_of: str | None = None,
-                 sink: int = 0, max_length: int | None = None, trained_length: int | None = None,
+                 sink: int = 0, sinks: int | None = None, keep_heads: int | None = None,
+                 heads: str | None = None,
+                 max_length: int | None = None, trained_length: int | None = None,
                  prefill_chunk: int = 2048,
                  score_batch: int = 32, score_batch_bytes: int = 2 << 30,
                  extra_identity: dict | None = None) -> None:
@@ -114,26 +116,36 @@ class SoftmaxAdapter(HFBase):
             window = matched_window(int(kv_budget_bytes), self._full_profile.bytes_per_token)
         self.kv_budget_bytes = None if kv_budget_bytes is None else int(kv_budget_bytes)
         self.window = None if window is None else int(window)
-        if self.window is not None:
+        base = name or (Path(gguf).stem if gguf else folder.name)
+        self.name = base
+        self.policy: mem.MemoryPolicy | None = None
+        self.sinks, self.keep_heads, self.heads, self._heads_record = None, None, None, None
+        if sinks is not None or keep_heads is not None:
+            self._set_policy(sinks, keep_heads, heads)
+        elif heads is not None:
+            raise ValueError("heads (an `evalkit heads` file) is only meaningful with keep_heads")
+        elif self.window is not None:
             self._check_window_support()
         elif self.sink:
             raise ValueError("sink is only meaningful with window or kv_budget_bytes")
         prof = self._full_profile
         # window mode has only full-attention layers, each capped at the window
         self._profile = (KVProfile(prof.per_token, prof.const, (self.window,) * len(prof.cap))
-                         if self.window is not None else prof)
+                         if self.window is not None and self.policy is None else prof)
 
-        base = name or (Path(gguf).stem if gguf else folder.name)
-        if self.window is not None:
-            base += f"[window={self.window}" + (f",sink={self.sink}" if self.sink else "") + "]"
-        self.name = base
+        if self.policy is not None:
+            self.name += "[" + (f"keep_heads={self.keep_heads}," if self.keep_heads is not None
+                                else "") + f"window={self.window},sinks={self.sinks}]"
+        elif self.window is not None:
+            self.name += f"[window={self.window}" + (f",sink={self.sink}" if self.sink else "") + "]"
         self._eos = eos_ids(self.model, self.tokenizer)
         dyn, sliding = kv_cache.cache_classes()
-        probe_cache = kv_cache.new_cache(self.model)
+        probe_cache = self._new_cache()
         # Shallow copies are safe only for layers that update by concatenation (new tensors).
-        self._functional_cache = all(type(layer) in (dyn, sliding) for layer in probe_cache.layers)
+        self._functional_cache = all(type(layer) in (dyn, sliding, mem.PolicyLayer)
+                                     for layer in probe_cache.layers)
         # kv, or kv-window for a model of sliding layers only: measured from one token's cache
-        self.state_kind = ("kv-window" if self.window is not None
+        self.state_kind = ("kv-window" if self.window is not None and self.policy is None
                            else self.state_parts(self.prefill([0])).kind)
 
     # -- setup helpers
@@ -155,6 +167,47 @@ class SoftmaxAdapter(HFBase):
                              f"(a custom 4-D mask); this model uses {impl!r}")
         self._attn_impl = impl
 
+    def _set_policy(self, sinks: int | None, keep_heads: int | None, heads: str | None) -> None:
+        """A memory policy (policy.py): `window` is then the twins' window (the query counted)
+        beside `sinks` first tokens, for every KV head but the `keep_heads` best."""
+        if self.window is None:
+            raise ValueError("sinks and keep_heads need window=W (the tokens a bounded head "
+                             "sees, the query counted)")
+        if self.sink or self.kv_budget_bytes is not None:
+            raise ValueError("sinks/keep_heads set a memory policy; sink, kv_budget_bytes and "
+                             "match_state_of set a KV budget: pass one or the other")
+        self.sinks = 0 if sinks is None else int(sinks)
+        dyn, _ = kv_cache.cache_classes()
+        layers = kv_cache.new_cache(self.model).layers
+        if not layers or any(type(layer) is not dyn for layer in layers):
+            raise ValueError(f"a memory policy needs a model whose layers are all full "
+                             f"attention; {self.model.config.model_type} has sliding or linear "
+                             f"cache layers")
+        cfg = self.model.config
+        n_kv = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        full: tuple[tuple[int, ...], ...] = ((),) * len(layers)
+        if keep_heads is not None:
+            self.keep_heads = int(keep_heads)
+            if heads is not None:
+                self.heads = str(Path(heads).expanduser().resolve())
+                doc = heads_file.read(self.heads, weights_hash=self._weights_hash(),
+                                      n_layers=len(layers), n_kv_heads=n_kv)
+                source = f"file sha256 {file_sha256(self.heads)}"
+            else:  # measured here, with the selection defaults (recorded in the identity)
+                from evalkit.retrieval_heads import measure  # probes live above the adapters
+
+                doc = measure(self)
+                source = "computed at load"
+            full = heads_file.top_heads(doc["kv_ranking"], self.keep_heads, len(layers))
+            self._heads_record = heads_file.summary(doc, source)
+        self.policy = mem.MemoryPolicy(self.window, self.sinks, full, n_kv)
+        self._head_bytes = mem.kv_head_bytes(self._full_profile, n_kv)
+        mem.install(self.model)
+
+    def _weights_hash(self) -> str:
+        from evalkit.model_adapters.weights import weights_hash
+        return weights_hash(self._weight_files)
+
     # -- core forward
 
     @torch.inference_mode()
@@ -175,14 +228,18 @@ class SoftmaxAdapter(HFBase):
                 "use_cache": True,
                 "position_ids": torch.arange(pos0, pos0 + q, device=self.device)[None].expand(len(rows), q),
             }
-            if self.window is not None:
+            if self.policy is not None:
+                kw[mem.CACHE_KWARG] = cache
+            elif self.window is not None:
                 kw["attention_mask"] = kv_cache.window_mask(
                     pos0, q, kv_cache.cached_len(cache), window=self.window, sink=self.sink,
                     attn_impl=self._attn_impl, dtype=self.dtype, device=self.device)
             if self._keeps_logits:
                 kw["logits_to_keep"] = 0 if all_logits else 1
             logits = self.model(input_ids=x, **kw).logits
-            if self.window is not None:
+            if self.policy is not None:
+                mem.evict(cache)
+            elif self.window is not None:
                 kv_cache.evict(cache, window=self.window, sink=self.sink)
             if all_logits:
                 outs.append(logits.float())
@@ -196,6 +253,8 @@ class SoftmaxAdapter(HFBase):
         return cache, self._forward(cache, start, [ids], all_logits)[0]
 
     def _new_cache(self) -> Any:
+        if self.policy is not None:
+            return mem.new_cache(self.model, self.policy)
         return kv_cache.new_cache(self.model)
 
     def _copy_cache(self, cache: Any) -> Any:
@@ -242,7 +301,12 @@ class SoftmaxAdapter(HFBase):
 
     def state_parts(self, state: HFState) -> StateBytes:
         """The cache's bytes by part (an unknown cache layer class is an UnknownCacheError);
-        with a window every KV row is bounded by it."""
+        with a window every KV row is bounded by it; under a policy, the bounded heads' rows
+        are the window part and the whole heads' the growing part."""
+        if self.policy is not None:
+            layers = state.cache.layers
+            return StateBytes(window=sum(l.win_keys.nbytes + l.win_values.nbytes for l in layers),
+                              growing=sum(l.keys.nbytes + l.values.nbytes for l in layers))
         parts = cache_state(state.cache)
         if self.window is not None:
             return StateBytes(fixed=parts.fixed, window=parts.window + parts.growing,
@@ -258,10 +322,18 @@ class SoftmaxAdapter(HFBase):
 
     def state_bytes_at(self, n_tokens: int) -> int:
         """Analytic state bytes after `n_tokens` tokens (equals the measured value)."""
+        if self.policy is not None:
+            return mem.bytes_at(self.policy, self._head_bytes, int(n_tokens))
         return self._profile.bytes_at(int(n_tokens))
 
     def identity(self) -> dict:
+        policy = {}
+        if self.policy is not None:  # the policy's own fields (absent for the parent and budgets)
+            policy = {"sinks": self.sinks, "keep_heads": self.keep_heads,
+                      "whole_heads": [[l, h] for l, hs in enumerate(self.policy.full) for h in hs],
+                      "heads": self._heads_record}
         return self._identity("softmax", window=self.window,
-                              sink=self.sink if self.window is not None else None,
+                              sink=self.sink if self.window is not None and self.policy is None
+                              else None,
                               kv_budget_bytes=self.kv_budget_bytes,
-                              match_state_of=self.match_state_of)
+                              match_state_of=self.match_state_of, **policy)
