@@ -17,6 +17,7 @@ the real client, adapter and runner.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -146,10 +147,18 @@ def test_answers_and_model_lists_are_redacted(monkeypatch):
     assert listing["data"][0]["root"] == f"/models/{REDACTED}"
 
 
-def test_a_key_too_short_to_redact_is_refused(monkeypatch):
-    monkeypatch.setenv(KEY_ENV, "EMPTY")
-    with pytest.raises(ValueError, match="shorter than 8 characters"):
-        Client(["http://127.0.0.1:9/v1"], api_key_env=KEY_ENV)
+@pytest.mark.parametrize("key,url,why", [
+    ("EMPTY", "http://127.0.0.1:9/v1", "shorter than 8 characters"),
+    ("sk-with a-space-123", "http://127.0.0.1:9/v1", "holds a space"),
+    ("sk-newline\nX-Leak: 1", "http://127.0.0.1:9/v1", "holds a space"),
+    ("sk-in-the-path-0123", "http://127.0.0.1:9/sk-in-the-path-0123/v1", "also in the URL")])
+def test_a_key_that_cannot_be_kept_in_the_header_is_refused(monkeypatch, key, url, why):
+    """Too short to redact without editing answers, not a header's characters (httpx's refusal
+    would quote it), or already in the URL: refused, without repeating it."""
+    monkeypatch.setenv(KEY_ENV, key)
+    with pytest.raises(ValueError, match=why) as e:
+        Client([url], api_key_env=KEY_ENV)
+    assert key not in str(e.value)
 
 
 def test_evalkit_run_stores_and_prints_no_key(tmp_path, monkeypatch, capsys):
@@ -214,6 +223,19 @@ def test_a_429_is_retried_after_its_retry_after():
     assert srv.hits == 2 and srv.times[1] - srv.times[0] >= 0.95
 
 
+def test_a_429_without_retry_after_is_retried_with_backoff():
+    def reply(h, body):
+        if h.server.hits <= 2:
+            h.json(429, {"error": "slow down"})
+        else:
+            _ok(h, body)
+
+    with Fake(reply) as srv:
+        out, _ = bounded(lambda: client(srv.url).post_json("/completions", BODY))
+    assert not isinstance(out, BaseException), out
+    assert srv.hits == 3
+
+
 def test_a_429_asking_past_the_deadline_fails_at_once():
     with Fake(lambda h, b: h.json(429, {"error": "slow down"},
                                   headers={"Retry-After": "3600"})) as srv:
@@ -223,13 +245,15 @@ def test_a_429_asking_past_the_deadline_fails_at_once():
 
 
 # -- 17: trace offsets as written ---------------------------------------------------------------
-@pytest.mark.parametrize("bad", ["1_0", "１０", "0x10", "1__0"])
+@pytest.mark.parametrize("bad", ["1_0", "１０", "0x10", "1__0", "1\x0b2", "1\u20282"])
 def test_a_trace_offset_float_reads_loosely_is_refused(tmp_path, bad):
+    """float() reads "1_0" as 10 and "１０" as 10; splitlines() would read "1\v2" as two
+    offsets an editor shows on one line."""
     from evalkit.runner.arrivals import parse
 
     trace = tmp_path / "t.txt"
     trace.write_text(f"0\n{bad}\n20\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=rf"t.txt:2: '{bad}' is not an offset in seconds"):
+    with pytest.raises(ValueError, match=rf"t.txt:2: {re.escape(repr(bad))} is not an offset"):
         parse(f"trace:{trace}")
     with pytest.raises(ValueError, match="RATE should be requests per second"):
         parse(f"poisson:{bad}")
@@ -377,6 +401,13 @@ def test_the_identity_holds_the_served_card_less_what_changes_by_the_call():
         b = _identity(srv.url)
     assert a["served_card"] == card and a["name"] == b["name"] == "served:m"
     assert b["served_card"]["root"] == "org/weights-b" and b != a
+
+
+def test_a_card_with_a_non_finite_number_is_refused():
+    """json.loads reads NaN; the card goes into config.json and results.json, which hold none."""
+    with Fake(_scoring, models=[{"id": "m", "max_model_len": 4096, "score": float("nan")}]) as srv:
+        with pytest.raises(ServerError, match="non-finite number"):
+            _identity(srv.url)
 
 
 def test_a_local_root_is_keyed_by_its_weights_not_its_path(tmp_path):

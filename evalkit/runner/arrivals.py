@@ -138,10 +138,12 @@ def _trace(path: Path, where: str) -> Arrivals:
         raise ValueError(f"{where} trace:{path}: larger than {MAX_TRACE_BYTES >> 20} MiB")
     times: list[float] = []
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is no offset
     except UnicodeDecodeError as e:
         raise ValueError(f"{where} trace:{path}: not UTF-8 text ({e.reason})") from None
-    for i, line in enumerate(text.splitlines(), 1):
+    # lines end at LF (CR LF) only: splitlines() would also end one at \v, \f, U+2028 ...,
+    # reading two offsets where an editor shows one line
+    for i, line in enumerate(text.split("\n"), 1):
         value = line.split("#", 1)[0].strip()
         if not value:
             continue

@@ -38,6 +38,7 @@ prefilled whole on vLLM whatever its cache.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import threading
 from dataclasses import dataclass
@@ -189,6 +190,12 @@ class ServedAdapter(AdapterBase):
         from evalkit.model_adapters.weights import weights_hash
 
         card = {str(k): v for k, v in entry.items() if k not in VOLATILE}
+        try:  # it goes into config.json and results.json: no NaN or Infinity
+            json.dumps(card, allow_nan=False)
+        except ValueError:
+            raise ServerError(f"{url}/models: the entry of {entry.get('id')!r} holds a "
+                              f"non-finite number (NaN or Infinity); expected a JSON model "
+                              f"card") from None
         root = card.get("root")
         if isinstance(root, str) and root.startswith("/") and on_this_machine(url):
             files = sorted(Path(root).glob("*.safetensors")) if Path(root).is_dir() else []

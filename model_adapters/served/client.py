@@ -143,7 +143,15 @@ class Client:
             if not key:
                 raise ValueError(f"served: api_key_env={api_key_env}: that environment variable "
                                  f"is not set (it should hold the server's API key)")
-            if len(key.strip()) < MIN_KEY_CHARS:
+            if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
+                # a header cannot carry it as is, and httpx's refusal would quote it
+                raise ValueError(f"served: api_key_env={api_key_env}: the key holds a space, a "
+                                 f"control or a non-ASCII character (not repeated here); an API "
+                                 f"key is printable ASCII")
+            if any(key in u for u in self.base_urls):
+                raise ValueError(f"served: api_key_env={api_key_env}: the key is also in the "
+                                 f"URL (not repeated here); give the API root alone")
+            if len(key) < MIN_KEY_CHARS:
                 raise ValueError(f"served: api_key_env={api_key_env}: the key is shorter than "
                                  f"{MIN_KEY_CHARS} characters; every text a server sends back is "
                                  f"redacted of it, which for so short a key would edit the "
