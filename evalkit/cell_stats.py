@@ -1,5 +1,15 @@
-"""A cell's mean and 95 % interval: the one definition results.json, the leaderboard's tables,
-its page and its plots share.
+"""A cell's numbers: the one definition results.json, the leaderboard's tables, its served
+section, its page and its plots share.
+
+- n: every sample attempted (`counted`): answered, or failed; a flagged sample (longer than the
+  model's maximum, a fact in its attention sinks) was never attempted and is counted apart.
+- a failure is a miss: it scores 0 in every metric its answer would have been scored on
+  (`miss_scores`: scoring.score_sample's choice), so a metric's mean is over the n samples
+  attempted; the mean over the answered ones alone is reported beside it where useful.
+- response time (`response_time`): an answer's latency; a failed request's time to its failure,
+  when the request reached the server (attempts >= 1); a request never sent has none.
+- percentiles (`percentiles`): p50 and p95 over the response times, p99 only from MIN_P99 of
+  them (fewer make the p99 the maximum or below it); None where there are none, never NaN.
 
 - mean: math.fsum over the values in the order given, so equal samples give bit-equal means
   wherever they are aggregated.
@@ -20,6 +30,12 @@ its page and its plots share.
     [0.75, 0.301, 0.954]
     >>> mean_ci([0.5], over_probes=True)
     (0.5, None, None)
+    >>> sorted(miss_scores("recall", n_candidates=3, forced_choice=True).items())[:2]
+    [('contains', 0.0), ('exact_match', 0.0)]
+    >>> response_time(0.4, "HTTP 503", attempts=1), response_time(0.05, "not sent", attempts=0)
+    (0.4, None)
+    >>> percentiles([1.0, 2.0, 3.0])
+    {'p50': 2.0, 'p95': 2.9, 'p99': None}
 """
 from __future__ import annotations
 
@@ -32,6 +48,47 @@ from evalkit import scoring
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP, mean_interval, seed_for
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
+MIN_P99 = 100  # response times a p99 needs: from fewer it is the maximum, or below it
+PERCENTILES = (50, 95, 99)
+
+
+def counted(error: object, flag: object) -> bool:
+    """Does a sample count in its cell's n? Answered or failed, yes; flagged (never attempted:
+    over the model's length, a fact in its sinks), no. `error` wins over `flag`."""
+    return error is not None or flag is None
+
+
+def miss_scores(question_kind: str | None, n_candidates: int,
+                forced_choice: bool = True) -> dict[str, float]:
+    """The scores of a failed sample: 0 (a miss) in every metric an answer to its question
+    would have had (scoring.score_sample): each generation metric that applies to its kind,
+    and with forced choice on (the model's `forced_choice`) and two candidates or more, each
+    forced-choice one."""
+    names = [m.name for m in scoring.of_kind(scoring.GENERATION) if m.applies_to(question_kind)]
+    if forced_choice and n_candidates >= 2:
+        names += [m.name for m in scoring.of_kind(scoring.FORCED_CHOICE)
+                  if m.applies_to(question_kind)]
+    return {name: 0.0 for name in names}
+
+
+def response_time(latency_s: float | None, error: object, attempts: int | None
+                  ) -> float | None:
+    """A sample's response time: its latency when answered; when it failed, its time to the
+    failure if its request reached the server (attempts >= 1), else none: a request never
+    sent (a prompt refused before it, a server already known down) is no response time."""
+    if latency_s is None or not math.isfinite(latency_s):
+        return None
+    if error is None:
+        return float(latency_s)
+    return float(latency_s) if attempts is not None and attempts >= 1 else None
+
+
+def percentiles(times: Sequence[float]) -> dict[str, float | None]:
+    """{"p50", "p95", "p99"} of response times (numpy's linear interpolation); "p99" only from
+    MIN_P99 times; None without any."""
+    xs = np.asarray([t for t in times if t is not None and math.isfinite(t)], float)
+    return {f"p{q}": (float(np.percentile(xs, q)) if len(xs) and (q < 99 or len(xs) >= MIN_P99)
+                      else None) for q in PERCENTILES}
 
 
 def mean_ci(values: Sequence[float], over_probes: bool

@@ -57,7 +57,8 @@ def test_runner_scores_and_aggregates_it(run_dir):
     assert samples and all(s["scores"][NAME] == 1.0 for s in samples)  # the oracle recalls
     rows = json.loads((run_dir / "results.json").read_text())["rows"]
     assert rows and all(r["metrics"][NAME] == {"mean": 1.0, "lo": wilson(1.0, r["n"])[0],
-                                               "hi": 1.0, "n": r["n"]} for r in rows)
+                                               "hi": 1.0, "n": r["n"], "answered": 1.0}
+                        for r in rows)
 
 
 def test_leaderboard_reports_it_and_ranks_it_first(run_dir, tmp_path):

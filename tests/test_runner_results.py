@@ -124,7 +124,10 @@ def test_one_failing_sample_is_recorded_and_the_run_goes_on(tok_dir, tmp_path, c
     res = json.loads((tmp_path / "r" / "results.json").read_text())
     assert res["failures"] == 1 and (tmp_path / "r" / "DONE").exists()
     [row] = res["rows"]
-    assert (row["n"], row["n_failed"]) == (5, 1) and row["metrics"]["exact_match"]["n"] == 5
+    # the failure counts in n, a miss in every metric (evalkit.cell_stats; issue 59)
+    em = row["metrics"]["exact_match"]
+    assert (row["n"], row["n_failed"]) == (6, 1) and em["n"] == 6
+    assert em["mean"] == 5 / 6 and em["answered"] == 1.0
 
 
 def test_a_failing_extend_fails_only_the_questions_after_it(tok_dir, tmp_path):

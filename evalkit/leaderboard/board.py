@@ -12,7 +12,8 @@ from evalkit.leaderboard import derived, served
 from evalkit.leaderboard.perplexity import perplexity_table
 from evalkit.leaderboard.load import Run
 from evalkit.leaderboard.merge import Merged, merge_runs
-from evalkit.leaderboard.tables import (aggregate, by_length, cell_rows, choose_primary,
+from evalkit.leaderboard.merge import GRID_KEY
+from evalkit.leaderboard.tables import (ROW_ID, aggregate, by_length, cell_rows, choose_primary,
                                         model_kinds, with_primary)
 
 
@@ -71,6 +72,19 @@ def tokenizers_differ(samples: pd.DataFrame, identities: dict[str, dict]) -> dic
     return out
 
 
+def with_answered(rows: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """`rows` with `recall_answered` after `recall_hi`: the primary recall over the answered
+    samples alone (NaN where none was), beside `recall`, which counts a failure as a miss."""
+    key = ROW_ID + GRID_KEY
+    got = samples[samples["answered"]]
+    answered = (aggregate(got, key, ["recall"])[key + ["recall"]] if len(got) else
+                pd.DataFrame(columns=key + ["recall"]))
+    out = rows.merge(answered.rename(columns={"recall": "recall_answered"}), on=key, how="left")
+    cols = [c for c in out.columns if c != "recall_answered"]
+    cols.insert(cols.index("recall_hi") + 1, "recall_answered")
+    return out[cols]
+
+
 def build(runs: list[Run], options: Options | None = None) -> Board:
     options = options or Options()
     merged = merge_runs(runs)
@@ -78,6 +92,7 @@ def build(runs: list[Run], options: Options | None = None) -> Board:
     samples = with_primary(merged.samples, primary)
     rows = cell_rows(samples)  # every metric, plus `recall` = the task's primary metric
     rows.insert(rows.columns.get_loc("recall"), "primary_metric", rows["task_label"].map(primary))
+    rows = with_answered(rows, samples)
     bl = derived.add_recall_per_byte(by_length(samples))
     state_bytes_by_length = aggregate(samples, ["model_label", "target_length"], [])
     pairs = (derived.resolve_pairs(samples, options.gap_pairs) if options.gap_pairs

@@ -15,7 +15,9 @@ from typing import Any, Iterable
 import pandas as pd
 
 from evalkit import scoring
+from evalkit.cell_stats import counted, miss_scores, response_time
 from evalkit.result import SampleResult
+from evalkit.lm_eval.rows import board_part
 from evalkit.runner.arrivals import closed as closed_label
 from evalkit.runner.rundir import check_output_sums
 from evalkit.runner.shard import WHOLE, Shard, from_dict as shard_from_dict
@@ -142,12 +144,20 @@ def load_run(path: str | Path) -> Run:
     provenance = res.get("provenance", provenance)
 
     spath = path / "samples.jsonl"
-    rows = read_samples(spath)
-    if not rows:
+    parts = [(spath, read_samples(spath))]
+    lm = board_part(path, res, read_samples)  # lm-eval's per-document rows, if any
+    if lm is not None:
+        tasks = {**tasks, **lm.tasks}
+        parts.append((lm.file, lm.rows))
+    parts = [(p, rows) for p, rows in parts if rows]
+    if not parts:
         raise ValueError(f"{spath}: no samples")
-    df = _frame(rows, spath, tasks)
+    df = pd.concat([_frame(rows, p, tasks, models) for p, rows in parts], ignore_index=True)
     # served models' latencies are a deployment's (the board shows their percentiles)
     df["served"] = df["model"].map(lambda m: (models.get(m) or {}).get("kind") == "served")
+    # an answer of a served run made before response times were recorded (no service_s) was
+    # timed from its send: no response time (leaderboard.served shows it as service time)
+    df.loc[df["served"] & df["answered"] & df["service_s"].isna(), "response_s"] = float("nan")
     # a served sample of a run made before closed-loop loads were recorded: its concurrency
     # from the model's options ("?" where they do not say)
     old = df["served"] & (df["arrivals"] == "")
@@ -164,9 +174,15 @@ def load_run(path: str | Path) -> Run:
                models=models, tasks=tasks, samples=df, shard=shard)
 
 
-def _frame(rows: list[dict], spath: Path, tasks: dict[str, dict]) -> pd.DataFrame:
-    for r in rows:  # a metric added since the run: scored from the stored answer
-        if r.get("error") is None and r.get("flag") is None:
+def _frame(rows: list[dict], spath: Path, tasks: dict[str, dict],
+           models: dict[str, dict]) -> pd.DataFrame:
+    """One row per sample. A failed sample carries its misses as scores (cell_stats.miss_scores:
+    0 in every metric its answer would have had), so every table counts it the same way."""
+    for r in rows:
+        if r.get("error") is not None:
+            fc = ((models.get(r["model"]) or {}).get("forced_choice", True)) is not False
+            r["scores"] = miss_scores(r.get("kind"), len(r.get("candidates") or ()), fc)
+        elif r.get("flag") is None:  # a metric added since the run: scored from the answer
             try:
                 r["scores"] = scoring.fill_missing(r.get("scores") or {}, r.get("prediction"),
                                                    r.get("gold") or [], r.get("kind"))
@@ -189,6 +205,10 @@ def _frame(rows: list[dict], spath: Path, tasks: dict[str, dict]) -> pd.DataFram
         d["task_version"] = str(d["task_version"])
         d["task_config_hash"] = tasks[t]["config_hash"]
         d["line"] = r["_line"]
+        # one definition of a cell's numbers (evalkit.cell_stats): what counts, and the time
+        d["scored"] = counted(r.get("error"), r.get("flag"))
+        d["answered"] = r.get("error") is None and r.get("flag") is None
+        d["response_s"] = response_time(r.get("latency_s"), r.get("error"), r.get("attempts"))
         scores = r.get("scores") or {}
         for m in metrics:
             d[SCORE_PREFIX + m] = float(scores[m]) if m in scores else float("nan")
@@ -199,10 +219,12 @@ def _frame(rows: list[dict], spath: Path, tasks: dict[str, dict]) -> pd.DataFram
     for c in ("target_length", "load", "question", "seed"):
         df[c] = df[c].astype("int64")
     # Sizes may be absent on a sample that failed before its prompt was built.
-    for c in ("prompt_tokens", "prompt_chars", "state_bytes"):
+    for c in ("prompt_tokens", "prompt_chars", "state_bytes", "response_s"):
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
-    # A sample is scored when it neither failed nor was flagged (e.g. over the model's length).
-    df["scored"] = df["error"].isna() & df["flag"].isna()
+    # `scored`: the sample counts in its cell's numbers (answered, or failed: a miss), not
+    # flagged (over the model's length, a fact in its sinks: never attempted); `answered`:
+    # scored from an answer. State bytes are an answer's: none for a failure.
+    df.loc[df["error"].notna(), "state_bytes"] = float("nan")
     key = ["model_hash", "task", "probe_hash", "question"]
     dup = df[df.duplicated(key, keep=False)]
     if len(dup):

@@ -3,12 +3,16 @@ server, under each load (closed loop with C in flight, unloaded = 1 in flight, o
 `--arrivals`), by task and length (pooled over depth and load). The definitions are the load
 tester's (DESIGN.md, "Serving engines"):
 
-- n: requests sent (answered + failed); over-length samples were never sent and are not here.
+Every number follows evalkit.cell_stats, as the board's other tables and results.csv do:
+- n: samples attempted (answered + failed); flagged samples (over-length) were never sent and
+  are not here.
 - failures: failed requests by cause (timeout, connect, http_5xx, http_4xx, bad_response,
-  other); a failure is a miss in "recall", and left out of "recall answered".
+  other); a failure is a miss in "recall" (the board's recall), and left out of "recall
+  answered".
 - response time: from when the request was due (its arrival) to its last token, across
-  retries; a failed request counts at its failure. p99 needs at least MIN_P99 requests; below
-  that the maximum is shown, marked "max".
+  retries; a failed request counts at its failure when it reached the server (attempts >= 1),
+  a request never sent has none. p99 needs at least MIN_P99 response times; below that the
+  maximum is shown, marked "max" (results.csv leaves latency_p99_s empty there).
 - service: from the first send to the last token; TTFT: to the first streamed token;
   attempts: requests sent per sample (1 + retries), mean and maximum.
 - numerical tolerance (per model and load): the served answers against the in-process model
@@ -32,14 +36,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-import numpy as np
 import pandas as pd
 
+from evalkit.cell_stats import MIN_P99, percentiles
 from evalkit.formatting import fmt_interval, fmt_len, markdown_table
 from evalkit.leaderboard.load import SCORE_PREFIX
 from evalkit.leaderboard.tables import aggregate
 
-MIN_P99 = 100
 DEFAULT_SLO_S = 10.0
 MAX_SLO_S = 86_400.0
 KEY = ["model_label", "task_label", "target_length"]
@@ -50,14 +53,11 @@ HEADER = ["model", "task", "length (tok)", "n", "failures", "recall", "recall an
 def served_rows(samples: pd.DataFrame) -> tuple[list[list[str]], list[str]]:
     """(table rows, notes under the table) for the served samples of `samples`, which carry
     the primary metric as score.recall (tables.with_primary)."""
-    sent = samples[samples["served"] & samples["flag"].isna()]
+    sent = samples[samples["served"] & samples["scored"]]  # attempted: answered or failed
     if sent.empty:
         return [], []
-    col = SCORE_PREFIX + "recall"
-    failed = sent["error"].notna()
-    as_miss = sent.assign(**{"scored": True, col: sent[col].where(~failed, 0.0)})
-    recall = aggregate(as_miss, KEY, ["recall"]).set_index(KEY)
-    answered = aggregate(sent[~failed], KEY, ["recall"]).set_index(KEY)
+    recall = _by_key(sent)  # a failure is a miss (load.py gave it its misses)
+    answered = _by_key(sent[sent["answered"]])
     rows, old, capped, shared = [], [], [], []
     for key, g in sent.groupby(KEY, sort=True):
         label, task, length = key
@@ -66,9 +66,7 @@ def served_rows(samples: pd.DataFrame) -> tuple[list[list[str]], list[str]]:
         ok = g[~bad]
         new = ok["service_s"].notna()  # else a run from before response times were recorded
         causes = Counter(g.loc[bad, "error_cause"].fillna("unrecorded"))
-        # a failure counts at its failure, where the request reached the wire
-        gave_up = bad & g["error_cause"].notna() & (g["error_cause"] != "other")
-        response = pd.concat([ok.loc[new, "latency_s"], g.loc[gave_up, "latency_s"]])
+        response = g["response_s"]  # cell_stats.response_time: none for a request never sent
         if not new.all():
             old.append(where)
         waited = int((g["queue_s"].fillna(0) > 0).sum())
@@ -110,7 +108,7 @@ def check_slo(slo_s: float) -> float:
 
 def goodput_rows(samples: pd.DataFrame, slo_s: float) -> list[list[str]]:
     """One row per served model and load (see the module docstring)."""
-    sent = samples[samples["served"] & samples["flag"].isna()]
+    sent = samples[samples["served"] & samples["scored"]]
     rows = []
     for label, g in sent.groupby("model_label", sort=True):
         ok = g["error"].isna() & (g[SCORE_PREFIX + "recall"] == 1.0)
@@ -138,7 +136,7 @@ def tolerance_rows(samples: pd.DataFrame) -> list[list[str]]:
         if len(refs) != 1:
             continue  # no in-process twin here, or several: nothing to say which
         h = local[local["model_label"] == refs[0]]
-        both = g[g["scored"]].merge(h[h["scored"]], on=key, suffixes=("", "_ref"))
+        both = g[g["answered"]].merge(h[h["answered"]], on=key, suffixes=("", "_ref"))
         if both.empty:
             continue
         differ = int((both["prediction"] != both["prediction_ref"]).sum())
@@ -183,11 +181,12 @@ def served_section(samples: pd.DataFrame, slo_s: float = DEFAULT_SLO_S) -> str:
             "Models evaluated behind an inference server (`served:URL`), under the load after "
             "`@`: a closed loop keeps C requests in flight (1: unloaded); `poisson:R/s` and "
             "`trace:` send each request when it is due, whatever is in flight (open loop). n: "
-            "requests sent; failures by cause. Recall: mean primary recall [95 % interval] "
-            "with failures as misses; recall answered: over the answered requests only. "
-            "Seconds: response = from when the request was due to its last token, across "
-            f"retries (failures at their failure); p99 where n ≥ {MIN_P99}, else the maximum "
-            "(marked max); service = first send to last token; TTFT = to the first streamed "
+            "samples attempted (answered + failed); failures by cause. Recall: mean primary "
+            "recall [95 % interval] with failures as misses, as in every table of this board; "
+            "recall answered: over the answered requests only. Seconds: response = from when "
+            "the request was due to its last token, across retries (failures at their failure; "
+            "a request never sent has none); p99 from "
+            f"{MIN_P99} response times, else the maximum (marked max); service = first send to last token; TTFT = to the first streamed "
             "token; attempts = requests sent per sample, mean (max). Times are this machine's "
             "and this server's, not the model's.\n\n"
             + markdown_table(HEADER, rows) + "\n"
@@ -217,16 +216,24 @@ def _tolerance(samples: pd.DataFrame) -> str:
             + markdown_table(TOLERANCE_HEADER, rows) + "\n\n")
 
 
+def _by_key(samples: pd.DataFrame) -> pd.DataFrame:
+    """Recall per KEY (tables.aggregate), indexed by KEY; empty (no row) without samples."""
+    if samples.empty:
+        return pd.DataFrame(columns=["n", "recall"], index=pd.MultiIndex.from_tuples([], names=KEY))
+    return aggregate(samples, KEY, ["recall"]).set_index(KEY)
+
+
 def _recall(table: pd.DataFrame, key: tuple) -> str:
-    if key not in table.index or not table.loc[key, "n"]:
+    if key not in table.index or not table.loc[key, "n"] or pd.isna(table.loc[key, "recall"]):
         return "—"
     r = table.loc[key]
     return f"{r['recall']:.2f}" + fmt_interval(r)
 
 
-def _q(values: pd.Series, q: float) -> str:
-    xs = values.dropna().astype(float)
-    return "—" if xs.empty else f"{np.percentile(xs, q):.2f}"
+def _q(values: pd.Series, q: int) -> str:
+    """The q-th percentile (cell_stats.percentiles) of `values`, or "—"."""
+    got = percentiles(values.dropna().astype(float).tolist())[f"p{q}"]
+    return "—" if got is None else f"{got:.2f}"
 
 
 def _p99(values: pd.Series) -> str:

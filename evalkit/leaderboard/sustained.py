@@ -2,8 +2,10 @@
 rates lie one below and one above it.
 
 A closed loop keeps C requests in flight, the next sent when one ends, so by Little's law it
-completes C / mean(response time) requests per second: the rate the server sustains at that
-concurrency. An open loop offered less than that keeps up (response time near the service
+completes C / mean(response time) requests per second, and of those the answered ones: C x
+answered / sum(response times) answers per second, the rate the server sustains at that
+concurrency. A failed request held its slot until its failure, so its time counts
+(evalkit.cell_stats.response_time; a request never sent held none). An open loop offered less than that keeps up (response time near the service
 time); offered more, its queue grows for as long as requests keep coming, and the response
 time from arrival with it. The served board's two Poisson rates must fall one on each side, or
 its "above saturation" column is not (make standard-served checks this between its runs).
@@ -24,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from evalkit.cell_stats import response_time
 from evalkit.leaderboard.load import read_samples
 
 
@@ -52,9 +55,13 @@ def sustained(run_dir: Path, model: str) -> tuple[float, str]:
     if len(done) < 10 or not all(math.isfinite(x) and x > 0 for x in done):
         raise ValueError(f"{path}: {len(done)} answered samples of {model!r} with a positive "
                          f"response time; at least 10 are needed to measure a rate")
-    mean = sum(done) / len(done)
-    rate = c / mean
-    return rate, (f"{model} under {load}: {len(done)} answered, mean response time "
+    bad = [r for r in rows if r.get("error")]
+    held = done + [t for r in bad if (t := response_time(r.get("latency_s"), r["error"],
+                                                          r.get("attempts"))) is not None]
+    mean = sum(held) / len(held)
+    rate = c / mean * (len(done) / len(held))  # answers per second; = c / mean without failures
+    failed = f", {len(bad)} failed" if bad else ""
+    return rate, (f"{model} under {load}: {len(done)} answered{failed}, mean response time "
                   f"{mean:.3g} s -> it sustains {rate:.3g} requests/s")
 
 

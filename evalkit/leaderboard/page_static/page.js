@@ -28,12 +28,13 @@
     rows.forEach(function (r) { var v = r[key]; if (!(String(v) in seen)) { seen[String(v)] = 1; out.push(v); } });
     return out.sort(function (a, b) { return typeof a === "number" ? a - b : String(a).localeCompare(String(b)); });
   }
-  // What a recall cell says on hover: n, interval, and what was not scored.
+  // What a recall cell says on hover: n (attempted: a failure is a miss), interval, failures
+  // and what was not attempted (flagged).
   function cellInfo(r) {
     var parts = [];
     if (r.n > 0) parts.push("recall " + fmt(r.recall, 3) + ", n = " + r.n +
                             ", 95 % interval [" + fmt(r.lo, 2) + ", " + fmt(r.hi, 2) + "]");
-    else parts.push("nothing scored (n = 0)");
+    else parts.push("nothing attempted (n = 0)");
     if (r.n_flagged) parts.push(r.n_flagged + " flagged");
     if (r.n_failed) parts.push(r.n_failed + " failed");
     return parts.join("; ");
