@@ -24,7 +24,7 @@ REFERENCE_PAIR = ("oracle", "forgetful")  # unbounded vs. bounded memory: a sani
 
 def effective_length(by_len: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> pd.DataFrame:
     """Longest tested length L whose recall is >= threshold at L and at every shorter tested
-    length. A length with nothing scored (all over the model's limit) counts as failing.
+    length. A length with nothing attempted (all over the model's limit) counts as failing.
     censored: "above" when every length passes (the true value may be longer), "below" when
     even the shortest fails (effective_length is then missing)."""
     out = []
@@ -144,7 +144,8 @@ PAIR_KEY = ["task_label", "target_length", "depth", "load", "seed", "question"]
 
 
 def paired_samples(samples: pd.DataFrame, base: str, model: str) -> pd.DataFrame:
-    """Samples answered (scored) by both models, matched on the logical probe: same task
+    """Samples attempted by both models (`scored`: answered, or failed, a miss), matched on
+    the logical probe: same task
     config, grid point, probe seed and question. The seed is derived from the task and grid
     point, never from the tokenizer, so this pairs models with different tokenizers too.
     Columns recall_base / recall_model, and other_base / other_model where the samples have
@@ -234,7 +235,7 @@ def knees_of(loads: np.ndarray, recall: np.ndarray, n: np.ndarray) -> np.ndarray
 def knee_interval(values_by_load: dict[int, np.ndarray], n_boot: int = DEFAULT_KNEE_BOOT,
                   seed: int = 0) -> tuple[float, float, float]:
     """(knee, low, high): the knee of the observed curve and a 95 % percentile interval from
-    resampling the scored samples (probe questions) with replacement within each load.
+    resampling the attempted samples (probe questions) with replacement within each load.
     Order statistics, not interpolation, so an infinite (censored) end stays infinite."""
     loads = np.array(sorted(values_by_load), float)
     vals = [np.asarray(values_by_load[int(L)], float) for L in loads]

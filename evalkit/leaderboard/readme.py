@@ -86,8 +86,9 @@ def render_readme(board: Board, run_paths: Sequence[str], plots: dict[str, list[
 
     # -- recall by length -----------------------------------------------------------------
     w("## Recall by context length\n")
-    w("Mean primary recall [95 % interval] over scored samples, pooled over depth and load "
-      "(n = scored samples; the interval: [How to read](#how-to-read)). Lengths are the requested prompt length in each model's own "
+    w("Mean primary recall [95 % interval] over the samples attempted, a failure a miss, pooled "
+      "over depth and load (n = samples attempted; the interval: [How to read](#how-to-read)). "
+      "Lengths are the requested prompt length in each model's own "
       f"tokens. {BEYOND_MARK}: past the model's trained length (a recurrent model has no "
       "context window and is evaluated there; a softmax model is flagged over-length "
       "instead).\n")
@@ -265,10 +266,10 @@ def headline(board: Board) -> str:
 
 
 def board_silent_tasks(board: Board) -> list[str]:
-    """Tasks whose primary metric is a generation one and on which every model scored, and
-    every scored sample is 0: nothing was answered by generation."""
+    """Tasks whose primary metric is a generation one and on which every model answered, and
+    every answered sample is 0: nothing was answered by generation."""
     out = []
-    s = board.samples[board.samples["scored"] & board.samples["recall"].notna()]
+    s = board.samples[board.samples["answered"] & board.samples["recall"].notna()]
     for task, g in s.groupby("task_label", sort=True):
         m = board.primary.get(task)
         if m and scoring.get(m).kind == scoring.GENERATION and (g["recall"] == 0).all():
@@ -387,18 +388,23 @@ HOW_TO_READ = """## How to read
 - **Recall** is each task's primary metric, named above its table: by default the first of
   these that the task has (`--primary-metric` overrides):
 {preference}
-- **n** counts scored samples (model x probe x question). A sample that failed (`error`) or
-  was not evaluated (`flag`: `over_length`, a prompt longer than the model's maximum;
-  `in_sinks`, a fact inside the model's attention sinks, kept exact) is not scored: it
-  is counted as failed / flagged, never as 0. Metric means and state bytes are over scored
-  samples, prompt lengths over all samples (the runner's results.json conventions).
+- **n** counts the samples attempted (model x probe x question): answered, or failed
+  (`error`: a miss, 0 in every metric its answer would have had, counted in n_failed too). A
+  sample not evaluated (`flag`: `over_length`, a prompt longer than the model's maximum;
+  `in_sinks`, a fact inside the model's attention sinks, kept exact) was never attempted: it
+  is counted as flagged only, never as 0. Metric means are over the samples attempted
+  (results.csv's `recall_answered`, and the served section's "recall answered", over the
+  answered ones alone), state bytes over answered samples, prompt lengths over all samples
+  (the runner's results.json conventions). Response-time percentiles (results.csv
+  `latency_p50_s`, `_p95_s`, `_p99_s`, served models): a failure counts at its time to
+  failure, a request never sent has none, and p99 needs 100 response times (empty below).
 - **Length** is the requested prompt length in the evaluated model's own tokens; the actual
   mean prompt is shown in tokens and characters, and when tokenizers differ the length plot
   uses characters.
 - **Effective length**: the longest tested length L whose recall is at least {threshold:g} at L
   and at every shorter tested length (RULER-style; RULER's bar is 85.6 %, Llama-2-7B at 4K).
   "≥ L" means every tested length passed, so the true value may be longer; "< L" means even
-  the shortest failed. A length where nothing was scored counts as failing.
+  the shortest failed. A length where nothing was attempted counts as failing.
 - **Capacity knee**: at each length with at least two loads, recall vs. load (number of facts
   in context, pooled over depth) is fitted with a logistic curve in log2(load),
   recall = 1 / (1 + exp(s (log2 load - x0))), by weighted (by n) least squares on a dense grid;
@@ -439,9 +445,9 @@ HOW_TO_READ = """## How to read
   their own tokens, with their scale and training: compare shapes, not points.
 {published}
 - **95 % intervals**, one kind per figure, the same wherever that figure is shown:
-  - a recall (any metric's mean over scored samples: the tables, results.csv's `<metric>_lo`
-    and `<metric>_hi`, the page, recall vs. context length, each distance bin): the Wilson
-    score interval over its n samples. Every score lies in [0, 1], so the mean is a
+  - a recall (any metric's mean over the samples attempted: the tables, results.csv's
+    `<metric>_lo` and `<metric>_hi`, the page, recall vs. context length, each distance
+    bin): the Wilson score interval over its n samples. Every score lies in [0, 1], so the mean is a
     proportion (for scores between 0 and 1, such as partial credit, it is conservative).
   - a per-probe metric's mean (`mqar_accuracy`, Zoology's: the mean over probes of each
     probe's share right): a percentile bootstrap over the probes ({cell_boot} resamples,
@@ -449,7 +455,7 @@ HOW_TO_READ = """## How to read
     probes within each cell of the test mix.
   - a recall gap: a paired bootstrap percentile interval ({n_boot} resamples of the pairs,
     seed derived from {seed} and the cell, so republishing gives the same numbers).
-  - a capacity knee: a percentile interval from {knee_boot} resamples of the scored questions
+  - a capacity knee: a percentile interval from {knee_boot} resamples of the attempted questions
     with replacement within each load, the fit repeated per resample.
 - **Merging**: each cell (model identity, task, task version, task config hash, length, depth,
   load) comes from one run: the newest (results.json `created`; on a tie, the one given
