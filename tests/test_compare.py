@@ -286,27 +286,18 @@ def _right(s: dict, metric: str) -> bool:
     return s["scores"][metric] >= 1.0
 
 
-def test_two_models_question_by_question_by_hand(runs, tmp_path, capsys):
-    """oracle (A, the baseline) against forgetful with 64 entries (B): the paired table, McNemar's
-    exact p and the bootstrap interval recomputed from samples.jsonl with plain Python, and every
-    question only the oracle got right listed with its gold and both answers. The same report
-    from two runs of one model each and from one run holding both (--models)."""
-    from evalkit.cli import main
-    from evalkit.leaderboard.paired import JSON_NAME as PJSON, MD_NAME as PMD
+def _by_question(samples: list[dict]) -> dict[tuple, dict]:
+    return {(s["task"], s["target_length"], s["depth"], s["load"], s["seed"], s["question"]): s
+            for s in samples}
 
-    out = tmp_path / "pair"
-    assert main(["compare", str(runs["oracle"]), str(runs["forgetful"]), "--out", str(out),
-                 "--bootstrap", "500"]) == 0
-    printed = capsys.readouterr().out
-    rep = json.loads((out / PJSON).read_text())
-    a = {(s["task"], s["target_length"], s["depth"], s["load"], s["seed"], s["question"]): s
-         for s in samples_of(runs["oracle"])}
-    b = {(s["task"], s["target_length"], s["depth"], s["load"], s["seed"], s["question"]): s
-         for s in samples_of(runs["forgetful"])}
+
+def _check_by_hand(rep: dict, a: dict[tuple, dict], b: dict[tuple, dict], n_boot: int) -> list:
+    """The report's table against plain Python; returns the (metric, key) pairs only A got."""
     assert set(a) == set(b) and rep["n_scored_in_both"] == len(a)
     assert rep["metrics"] == ["word_match", "forced_choice"]
     assert [(r["task"], r["metric"]) for r in rep["rows"]] == [("needle", "word_match"),
                                                                ("needle", "forced_choice")]
+    ma, mb = rep["a"]["model"], rep["b"]["model"]
     for r in rep["rows"]:
         m, keys = r["metric"], sorted(a)
         counts = [sum(_right(a[k], m) == x and _right(b[k], m) == y for k in keys)
@@ -316,32 +307,49 @@ def test_two_models_question_by_question_by_hand(runs, tmp_path, capsys):
         p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
         assert r["mcnemar_p"] == pytest.approx(p)
         d = np.array([a[k]["scores"][m] - b[k]["scores"][m] for k in keys])
-        rng = np.random.default_rng(seed_for(0, "oracle", "forgetful", "needle", 256, m))
-        means = d[rng.integers(0, len(d), size=(500, len(d)))].mean(axis=1)
+        rng = np.random.default_rng(seed_for(0, ma, mb, "needle", 256, m))
+        means = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(axis=1)
         assert (r["gap"], r["ci_low"], r["ci_high"]) == pytest.approx(
             (d.mean(), *np.percentile(means, [2.5, 97.5])))
     lost = [(m, k) for m in rep["metrics"] for k in sorted(a)
             if _right(a[k], m) and not _right(b[k], m)]
-    assert lost, "forgetful with 64 entries forgets some needle"
     assert [(d["metric"], d["probe_id"], d["question"]) for d in rep["only_a"]] == \
         [(m, a[k]["probe_id"], k[5]) for m, k in lost]
     for d in rep["only_a"]:
         k = next(k for k in a if a[k]["probe_id"] == d["probe_id"] and k[5] == d["question"])
         assert (d["gold"], d["answer_a"], d["answer_b"]) == \
             (a[k]["gold"], a[k]["prediction"], b[k]["prediction"])
+    return lost
+
+
+def test_two_models_question_by_question_by_hand(runs, tmp_path, capsys):
+    """oracle (A, the baseline) against forgetful with 64 entries (B): the paired table, McNemar's
+    exact p and the bootstrap interval recomputed from samples.jsonl with plain Python, and every
+    question only the oracle got right listed with its gold and both answers; from two runs of
+    one model each, and from one run holding both (--models)."""
+    from evalkit.cli import main
+    from evalkit.leaderboard.paired import JSON_NAME as PJSON, MD_NAME as PMD
+
+    out = tmp_path / "pair"
+    assert main(["compare", str(runs["oracle"]), str(runs["forgetful"]), "--out", str(out),
+                 "--bootstrap", "500"]) == 0
+    printed = capsys.readouterr().out
+    rep = json.loads((out / PJSON).read_text())
+    lost = _check_by_hand(rep, _by_question(samples_of(runs["oracle"])),
+                          _by_question(samples_of(runs["forgetful"])), 500)
+    assert lost, "forgetful with 64 entries forgets some needle"
     md = (out / PMD).read_text()
     assert f"## Only oracle (A) right ({len(lost)})" in md
     assert "| needle | 256 | word_match |" in printed and str(out / PMD) in printed
 
-    # One run holding both models, named with --models: the same numbers.
     one = tmp_path / "pair-one"
     assert main(["compare", str(runs["both"]), str(runs["both"]), "--models", "oracle,forgetful",
                  "--out", str(one), "--bootstrap", "500"]) == 0
     again = json.loads((one / PJSON).read_text())
-    assert [{k: v for k, v in r.items()} for r in again["rows"]] != [] and all(
-        (x["both"], x["only_a"], x["only_b"], x["neither"]) ==
-        (y["both"], y["only_a"], y["only_b"], y["neither"])
-        for x, y in zip(again["rows"], rep["rows"]))
+    both = samples_of(runs["both"])
+    assert (again["a"]["model"], again["b"]["model"]) == ("oracle", "forgetful")
+    _check_by_hand(again, _by_question([s for s in both if s["model"] == "oracle"]),
+                   _by_question([s for s in both if s["model"] == "forgetful"]), 500)
 
 
 def test_two_models_bad_input_is_named(runs, tmp_path, capsys):

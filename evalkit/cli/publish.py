@@ -1,6 +1,8 @@
 """`evalkit publish RUN_DIR... --to DIR`: tables, CSV/JSON and plots from finished runs."""
 from __future__ import annotations
 
+import sys
+
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP
 from evalkit.leaderboard.derived import DEFAULT_THRESHOLD
 from evalkit.leaderboard.served import DEFAULT_SLO_S
@@ -18,7 +20,9 @@ def add_parser(sub) -> None:
                    help=f"recall bar for the effective length (default {DEFAULT_THRESHOLD})")
     p.add_argument("--primary-metric", help="recall metric for every task that has it "
                                             "(default: the first a task has of "
-                                            f"{', '.join(recall_preference())})")
+                                            f"{', '.join(recall_preference())}); the gap "
+                                            "tables and the headline show forced choice "
+                                            "beside it either way")
     p.add_argument("--gap", action="append", default=[], metavar="BASELINE:MODEL",
                    help="a recall-gap pair (repeatable; default: kv/kv-window baselines vs. "
                         "recurrent models, plus oracle vs. forgetful)")
@@ -36,6 +40,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from evalkit.leaderboard import Options, publish
+    from evalkit.leaderboard.readme import board_silent_tasks
 
     opts = Options(threshold=args.threshold, primary_metric=args.primary_metric,
                    gap_pairs=tuple(args.gap), n_boot=args.bootstrap, seed=args.seed,
@@ -47,4 +52,9 @@ def run(args) -> int:
           f"{sum(f.suffix == '.png' for f in res.files)} plots"
           + (f", {len(res.skipped)} skipped" if res.skipped else "")
           + f"; the page: {res.path / 'index.html'}")
+    silent = board_silent_tasks(b)
+    if silent:
+        print(f"evalkit publish: no model answered {', '.join(silent)} by generation (every "
+              f"score 0.00): only forced choice tells the models apart there; see "
+              f"{res.path / 'README.md'}", file=sys.stderr)
     return 0
