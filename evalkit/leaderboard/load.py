@@ -17,6 +17,7 @@ import pandas as pd
 from evalkit import scoring
 from evalkit.cell_stats import counted, miss_scores, response_time
 from evalkit.result import SampleResult
+from evalkit.lm_eval.rows import board_part
 from evalkit.runner.arrivals import closed as closed_label
 from evalkit.runner.rundir import check_output_sums
 from evalkit.runner.shard import WHOLE, Shard, from_dict as shard_from_dict
@@ -143,10 +144,15 @@ def load_run(path: str | Path) -> Run:
     provenance = res.get("provenance", provenance)
 
     spath = path / "samples.jsonl"
-    rows = read_samples(spath)
-    if not rows:
+    parts = [(spath, read_samples(spath))]
+    lm = board_part(path, res, read_samples)  # lm-eval's per-document rows, if any
+    if lm is not None:
+        tasks = {**tasks, **lm.tasks}
+        parts.append((lm.file, lm.rows))
+    parts = [(p, rows) for p, rows in parts if rows]
+    if not parts:
         raise ValueError(f"{spath}: no samples")
-    df = _frame(rows, spath, tasks, models)
+    df = pd.concat([_frame(rows, p, tasks, models) for p, rows in parts], ignore_index=True)
     # served models' latencies are a deployment's (the board shows their percentiles)
     df["served"] = df["model"].map(lambda m: (models.get(m) or {}).get("kind") == "served")
     # an answer of a served run made before response times were recorded (no service_s) was

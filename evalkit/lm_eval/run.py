@@ -15,6 +15,15 @@ output_dir/<model>/ (each file atomically):
   versions, n-samples, config...), without the samples;
 - samples_<task>.jsonl: lm-eval's logged samples (doc, arguments, resps, filtered_resps,
   per-sample metrics), when log_samples is on.
+and into output_dir/samples.jsonl every scored pair's documents as evalkit sample rows
+(evalkit.lm_eval.rows: prediction, gold, scores), which `evalkit publish` puts on the board
+beside evalkit's own tasks; the pair files hold them too, so a reused pair keeps its rows.
+
+--limit N is applied before RULER builds its documents (evalkit.lm_eval.ruler_tasks: N per
+length, not 500); RULER's metric at a run length its YAML does not list is aggregated as
+RULER aggregates the others. progress=False silences every progress bar (lm-eval's, the
+bridge's, RULER's generators'); lm-eval's `git describe` runs with its error output dropped
+(outside a git checkout it printed "fatal: not a git repository").
 
 Synthetic tasks that size their own data (RULER: niah_*, ...) need the evaluated model's
 tokenizer: unless `metadata` names one, it is set to the model tokenizer's folder, so data are
@@ -36,8 +45,11 @@ from typing import Any, Sequence
 
 from evalkit import atomic
 from evalkit.formatting import slug
+from evalkit.lm_eval.quiet import quiet_git, no_bars
 from evalkit.probe import canonical_json
 from evalkit.code_version import code_hash
+from evalkit.lm_eval.rows import doc_rows, task_entry, write_rows
+from evalkit.runner.provenance import identity_hash, jsonable
 
 
 def tokenizer_folder(tokenizer: Any) -> str | None:
@@ -83,8 +95,8 @@ class LmEvalTasks:
                              "evalkit downloads nothing at run time:\n  "
                              + "\n  ".join(refused))
         # every RULER task imports RULER's prepare_niah (see evalkit.lm_eval.ruler_nltk)
-        self.ruler = any(fn.startswith(offline.RULER) for fn in
-                         offline.custom_datasets(self._index, self.units))
+        self.dataset_functions = offline.custom_datasets(self._index, self.units)
+        self.ruler = any(fn.startswith(offline.RULER) for fn in self.dataset_functions)
 
     def manager(self, metadata: dict) -> Any:
         """The index as a TaskManager that gives its tasks one model's `metadata`. lm-eval keeps
@@ -107,7 +119,7 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: LmEvalTasks, *, output_dir: 
                       log_samples: bool = True,
                       seed: int | None = 0, num_fewshot: int | None = None,
                       gen_kwargs: dict | None = None, apply_chat_template: bool = False,
-                      bootstrap_iters: int = 0) -> dict:
+                      bootstrap_iters: int = 0, progress: bool = True) -> dict:
     """Run lm-eval `tasks` (checked when made, e.g. `LmEvalTasks(["niah_single_1"])`) on each
     evalkit model, one (model, task) pair at a time; a pair scored before with the same key
     is read back from output_dir, not evaluated again.
@@ -117,12 +129,15 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: LmEvalTasks, *, output_dir: 
     metadata: task metadata; max_seq_lengths=[1024] is a shorthand for RULER's lengths.
     seed: one seed for python/numpy/torch/few-shot (None: lm-eval's defaults).
     bootstrap_iters=0 skips lm-eval's stderr bootstrap (slow, and not needed for parity).
+    progress=False: no progress bar at all.
     Returns {"models": {model: lm-eval's results for its scored tasks, without samples, plus
     "evalkit_files"}, "pairs": [one entry per (model, task): model, task, status "scored" or
     "failed", reused, empty_gold ({task: count, of, doc_ids, built_by}), then n_samples and
     samples, or error, raised_in and line], "failed": failed pairs, "reused": pairs read back,
     "empty_gold": documents left out for an empty gold list, "problems": one line each (the
-    failed pairs, then the left-out documents of scored ones)}.
+    failed pairs, then the left-out documents of scored ones, then tasks without board
+    rows), "board": the per-document rows' file, sha256 and tasks (evalkit.lm_eval.rows;
+    None when no pair has rows)}.
     """
     import lm_eval
 
@@ -141,13 +156,22 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: LmEvalTasks, *, output_dir: 
                 "gen_kwargs": gen_kwargs, "apply_chat_template": apply_chat_template,
                 "bootstrap_iters": bootstrap_iters, "log_samples": log_samples,
                 "lm_eval": lm_eval.__version__, "evalkit_code": code_hash()}
-    evaluate_kw = {"log_samples": log_samples, "num_fewshot": num_fewshot,
+    # lm-eval's per-document records are always asked for: they become the board's rows
+    evaluate_kw = {"log_samples": True, "num_fewshot": num_fewshot,
                    "gen_kwargs": gen_kwargs, "apply_chat_template": apply_chat_template,
                    "bootstrap_iters": bootstrap_iters, **_seeds(seed)}
     by_model: dict[str, Any] = {}
     pairs: list[dict] = []
+    rows: list[dict] = []
+    row_tasks: dict[str, dict] = {}
     for name in models:
-        lm = EvalkitLM(name=name, **opts.get(name, {}))
+        with no_bars(not progress):
+            lm = EvalkitLM(name=name, **opts.get(name, {}))
+        identity = lm.adapter.identity()
+        # the runner's hash of this model (evalkit.runner.run): its rows join its own samples
+        row_model = {"model": name, "model_hash": identity_hash(jsonable(identity),
+                                                                opts.get(name, {})),
+                     "state_kind": str(lm.adapter.state_kind), "seed": seed or 0}
         meta = dict(metadata or {})
         if max_seq_lengths:
             meta["max_seq_lengths"] = [int(x) for x in max_seq_lengths]
@@ -155,7 +179,7 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: LmEvalTasks, *, output_dir: 
             folder = tokenizer_folder(lm.tokenizer)
             if folder:
                 meta["tokenizer"] = folder
-        base = {"model": name, "identity": lm.adapter.identity(), "options": opts.get(name, {}),
+        base = {"model": name, "identity": identity, "options": opts.get(name, {}),
                 "metadata": meta, **settings}
         folder = out / slug(name, "model")
         scored: list[dict] = []
@@ -165,17 +189,25 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: LmEvalTasks, *, output_dir: 
             stored = _read_pair(folder, task)
             if stored is not None and stored.get("key") == key:
                 entry, result = {**stored["entry"], "reused": True}, stored["result"]
+                board = stored["board"]
             else:
                 manager = manager or tasks.manager(meta)
-                entry, result = _evaluate(lm, tasks, manager, name, task, key, folder,
-                                          limit=limit, meta=meta, evaluate_kw=evaluate_kw)
+                with no_bars(not progress), quiet_git():
+                    entry, result, board = _evaluate(lm, tasks, manager, name, task, key,
+                                                     folder, limit=limit, meta=meta,
+                                                     evaluate_kw=evaluate_kw, row_model=row_model,
+                                                     log_samples=log_samples)
             pairs.append(entry)
             if result is not None:
                 scored.append(result)
+                rows.extend(board["rows"])
+                row_tasks.update(board["tasks"])
         by_model[name] = _write_model(folder, scored, [p for p in pairs if p["model"] == name])
     problems = [p["line"] for p in pairs if p["status"] == "failed"] + [
-        line for p in pairs for line in p.get("empty_gold_lines", [])]
+        line for p in pairs for line in p.get("empty_gold_lines", [])] + list(dict.fromkeys(
+            line for p in pairs for line in p.get("board_notes", [])))
     return {"models": by_model, "pairs": pairs,
+            "board": write_rows(out, rows, row_tasks),
             "failed": sum(p["status"] == "failed" for p in pairs),
             "reused": sum(p["reused"] for p in pairs),
             "empty_gold": sum(r["count"] for p in pairs
@@ -193,18 +225,22 @@ def _seeds(seed: int | None) -> dict[str, int]:
 
 
 def _evaluate(lm: Any, tasks: LmEvalTasks, manager: Any, model: str, task: str, key: dict,
-              folder: Path, *, limit: int | float | None, meta: dict, evaluate_kw: dict
-              ) -> tuple[dict, dict | None]:
+              folder: Path, *, limit: int | float | None, meta: dict, evaluate_kw: dict,
+              row_model: dict, log_samples: bool) -> tuple[dict, dict | None, dict | None]:
     """Build and score one pair; write its files when it scored. (entry, lm-eval results or
-    None when it failed)."""
+    None when it failed, its board rows and tasks or None)."""
     import random
 
+    import lm_eval
     import numpy as np
     from lm_eval import simple_evaluate
     from lm_eval.utils import handle_non_serializable, set_torch_seed
 
     from evalkit.lm_eval.pairs import docs_to_score, empty_gold_line, evaluate_pair
     from evalkit.lm_eval.ruler_nltk import import_prepare_niah
+    from evalkit.lm_eval.ruler_tasks import declare_lengths, limited_generation
+
+    built: dict[str, Any] = {}
 
     def run() -> tuple[dict, dict]:
         if tasks.ruler:
@@ -215,7 +251,10 @@ def _evaluate(lm: Any, tasks: LmEvalTasks, manager: Any, model: str, task: str, 
         random.seed(evaluate_kw["random_seed"])
         np.random.seed(evaluate_kw["numpy_random_seed"])
         set_torch_seed(evaluate_kw["torch_random_seed"])
-        loaded = manager.load([task])  # builds the data: lm-eval's own errors start here
+        with limited_generation(limit, tasks.dataset_functions):
+            loaded = manager.load([task])  # builds the data: lm-eval's own errors start here
+        declare_lengths(loaded["tasks"], meta.get("max_seq_lengths"))
+        built.update(loaded["tasks"])
         samples, empty = docs_to_score(loaded["tasks"], limit)
         top = ([loaded["groups"][task]] if task in loaded["groups"]
                else list(loaded["tasks"].values()))
@@ -233,25 +272,38 @@ def _evaluate(lm: Any, tasks: LmEvalTasks, manager: Any, model: str, task: str, 
     if done["status"] == "failed":
         stale.unlink(missing_ok=True)  # an older result of other settings is not this one
         failed = ("error", "raised_in", "line", "empty_gold")
-        return {**entry, **{k: done[k] for k in failed}}, None
+        return {**entry, **{k: done[k] for k in failed}}, None, None
     res = done["results"]
     samples = res.pop("samples", None) or {}
     files: dict[str, str] = {}
-    for name, rows in samples.items():
-        path = folder / f"samples_{slug(name, 'task')}.jsonl"
-        atomic.write_text(path, "".join(
-            json.dumps(r, default=handle_non_serializable, ensure_ascii=False) + "\n"
-            for r in rows))
-        files[name] = str(path)
+    board: dict[str, Any] = {"rows": [], "tasks": {}}
+    notes = []
+    for name, records in samples.items():
+        if log_samples:
+            path = folder / f"samples_{slug(name, 'task')}.jsonl"
+            atomic.write_text(path, "".join(
+                json.dumps(r, default=handle_non_serializable, ensure_ascii=False) + "\n"
+                for r in records))
+            files[name] = str(path)
+        version = str(res.get("versions", {}).get(name))
+        got, note = doc_rows(name, built[name], records, version=version,
+                             encode=lambda text: lm.tok_encode(text), **row_model)
+        if note:
+            notes.append(note)
+        if got:
+            board["rows"].extend(got)
+            board["tasks"][name] = task_entry(name, version, _plain(res["configs"][name]),
+                                              lm_eval.__version__)
     entry.update({"empty_gold": done["empty_gold"],
                   "empty_gold_lines": [empty_gold_line(model, name, r)
                                        for name, r in done["empty_gold"].items()],
+                  "board_notes": notes,
                   "n_samples": res.get("n-samples", {}), "samples": files})
-    doc = json.loads(json.dumps({"key": key, "entry": entry, "result": res},
+    doc = json.loads(json.dumps({"key": key, "entry": entry, "result": res, "board": board},
                                 default=handle_non_serializable))  # as a reader sees it
     atomic.write_text(stale, json.dumps({**doc, "sha256": _checksum(doc)}, indent=1,
                                         ensure_ascii=False) + "\n")
-    return entry, _plain(res)
+    return entry, _plain(res), doc["board"]
 
 
 def _checksum(doc: dict) -> str:
@@ -268,7 +320,7 @@ def _read_pair(folder: Path, task: str) -> dict | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # absent, unreadable or not JSON
         return None
-    if not (isinstance(data, dict) and {"key", "entry", "result"} <= set(data)):
+    if not (isinstance(data, dict) and {"key", "entry", "result", "board"} <= set(data)):
         return None
     return data if data.pop("sha256", None) == _checksum(data) else None
 

@@ -332,7 +332,7 @@ def _task_info(resolved: ResolvedSuite) -> dict[str, dict]:
             for t in resolved.tasks}
 
 
-def _run_lm_eval(resolved: ResolvedSuite, tasks: Any, path: Path) -> dict:
+def _run_lm_eval(resolved: ResolvedSuite, tasks: Any, path: Path, progress: bool) -> dict:
     from evalkit.lm_eval.run import run_lm_eval_tasks
 
     suite = resolved.suite
@@ -342,7 +342,7 @@ def _run_lm_eval(resolved: ResolvedSuite, tasks: Any, path: Path) -> dict:
         log_samples=suite.log_samples,
         model_options={m.spec: m.options for m in resolved.models},
         # RULER-style tasks size their data from these: the suite's lengths.
-        max_seq_lengths=list(suite.lengths) if suite.lengths else None))
+        max_seq_lengths=list(suite.lengths) if suite.lengths else None, progress=progress))
 
 
 def run_suite(resolved: ResolvedSuite, *, output: str | Path | None = None, resume: bool = False,
@@ -478,7 +478,8 @@ def _run(session: _Session, earlier: dict | None, done: bool, argv: list[str] | 
     if session.shard.count > 1:  # a part: `evalkit publish` merges all N (leaderboard.shards)
         results["shard"] = session.shard.as_dict()
     if session.lm_eval_tasks is not None:
-        results["lm_eval"] = _run_lm_eval(resolved, session.lm_eval_tasks, path)
+        results["lm_eval"] = _run_lm_eval(resolved, session.lm_eval_tasks, path,
+                                          session.progress)
     totals = {k: sum(p[k] for p in gathered) for k in ("cached", "computed", "tokens_run")}
     cache_stats = {k: sum(p["cache"][k] for p in gathered) for k in ("hits", "misses", "stale")}
     per_rank = [{"computed": p["computed"], "cached": p["cached"]} for p in gathered]
