@@ -219,7 +219,8 @@ def _tolerance(samples: pd.DataFrame) -> str:
 def _by_key(samples: pd.DataFrame) -> pd.DataFrame:
     """Recall per KEY (tables.aggregate), indexed by KEY; empty (no row) without samples."""
     if samples.empty:
-        return pd.DataFrame(columns=["n", "recall"], index=pd.MultiIndex.from_tuples([], names=KEY))
+        return pd.DataFrame(columns=["n", "recall"],
+                            index=pd.MultiIndex.from_tuples([], names=KEY))
     return aggregate(samples, KEY, ["recall"]).set_index(KEY)
 
 

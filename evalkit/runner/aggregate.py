@@ -90,10 +90,10 @@ def rows(samples: Iterable[SampleResult], tasks: dict[str, dict],
                         for k in kinds},
             "prompt_tokens": math.fsum(s.prompt_tokens for s in cell) / len(cell),
             "prompt_chars": math.fsum(s.prompt_chars for s in cell) / len(cell),
-            # None (unknown: a served model without a config, or nothing answered), never a
-            # made-up 0
-            "state_bytes": None if not ok or any(s.state_bytes is None for s in ok) else
-            round(math.fsum(s.state_bytes for s in ok) / len(ok)),
+            # None (unknown: a served model without a config), never a made-up 0; 0 where
+            # nothing was answered (as results.json always had it)
+            "state_bytes": (None if any(s.state_bytes is None for s in ok) else
+                            round(math.fsum(s.state_bytes for s in ok) / len(ok))) if ok else 0,
             "state_kind": next((s.state_kind for s in cell if s.state_kind), ""),
         })
     return out
