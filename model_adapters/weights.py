@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -29,11 +30,28 @@ def shipped_checkpoint(folder: Path, name: str, make: str) -> Path:
     return folder
 
 
+# A remembered hash is trusted only for a file whose status change time (ctime) is older than
+# the moment hashing began by more than this: a filesystem with coarse timestamps (1 s, 2 s on
+# FAT) can give a file rewritten just after it was hashed the ctime it had when it was hashed,
+# so such an entry is hashed again (git's "racily clean" rule).
+RACY_NS = 3_000_000_000
+
+
+def _stat_key(p: Path, st: os.stat_result) -> str:
+    """What must be unchanged for a remembered hash to hold: the path, device and inode (a file
+    replaced by rename is another inode), size, mtime, and ctime. A user can put an mtime back
+    (os.utime, touch -d) but not a ctime: any write or utime sets it to now, so an overwrite of
+    the same size with the mtime restored still changes the key."""
+    return (f"{p}|dev={st.st_dev}|ino={st.st_ino}|size={st.st_size}|mtime={st.st_mtime_ns}"
+            f"|ctime={st.st_ctime_ns}")
+
+
 def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a file, computed once per (path, size, mtime) and remembered in the cache dir."""
+    """SHA-256 of a file, computed once per (path, inode, size, mtime, ctime) and remembered in
+    the cache dir (a weights file can be gigabytes; its hash is part of every model identity)."""
     p = Path(path).resolve()
     st = p.stat()
-    key = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    key = _stat_key(p, st)
     with _lock:
         if key in _memo:
             return _memo[key]
@@ -42,17 +60,32 @@ def file_sha256(path: str | os.PathLike) -> str:
         known = json.loads(store.read_text())
     except (OSError, ValueError):
         known = {}
-    digest = known.get(key)
-    if digest is None:
+    entry = known.get(key) if isinstance(known, dict) else None
+    if isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and _settled(st, entry):
+        digest = entry["sha256"]
+    else:
+        began = time.time_ns()
         digest = sha256_file(p)
-        known[key] = digest
+        if _stat_key(p, p.stat()) != key:  # changed while it was read: the bytes hashed are no one file's
+            raise OSError(f"{p}: the file changed while it was hashed; hash it again when "
+                          f"it is no longer being written")
+        known = known if isinstance(known, dict) else {}
+        known[key] = {"sha256": digest, "hashed_at_ns": began}
         try:
             atomic.write_json(store, known)
         except OSError:
             pass  # a read-only cache dir only costs a re-hash next time
+        if not _settled(st, known[key]):
+            return digest  # too fresh to remember (see RACY_NS)
     with _lock:
         _memo[key] = digest
     return digest
+
+
+def _settled(st: os.stat_result, entry: dict) -> bool:
+    began = entry.get("hashed_at_ns")
+    return (isinstance(began, int) and st.st_ctime_ns < began - RACY_NS
+            and st.st_mtime_ns < began - RACY_NS)
 
 
 def weights_hash(files: Iterable[str | os.PathLike]) -> str:

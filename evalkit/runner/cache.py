@@ -1,14 +1,20 @@
 """Content-addressed store of finished samples: what makes runs resumable and re-runs cheap.
 
-Key material: the model identity hash, the probe hash, the question index, the generation
-settings (the load included), the hash of evalkit's source (provenance.code_hash) and the cache
-schema. An entry lives at
+Key material, every input of a score: the model identity hash (weights by content, the
+options with their files by content, a served model's identity as its server reports it),
+the probe hash, the question index, the generation settings (the load included: a closed
+loop's requests in flight, an open loop's exact schedule), the code (evalkit's source, the
+user's imported modules by content, the computing packages' versions:
+provenance.code_key) and the cache schema. An entry lives at
 `<root>/entries/<h[:2]>/<h>.json` with h = sha256(canonical JSON of the key material), and
 stores that material next to the SampleResult. So:
 - two different models (or the same model with other weights, dtype or options) never share
   an entry: their identity hashes differ;
-- a sample scored by other code (a changed scorer, renderer or adapter) is not found: the
-  code hash is part of its key, so `--resume` and a shared `--cache-dir` score it again;
+- a sample scored by other code (a changed scorer, renderer, adapter or plugin) is not
+  found: the code is part of its key, so `--resume` and a shared `--cache-dir` score it again;
+- a sample measured under one load is never reused under another: an open loop's key holds
+  its schedule exactly (the arrival process with its exact rate, the seed, every request of
+  the schedule, the shard and rank that sent it, the cap on open requests), not a label;
 - a store of another cache schema is detected when it is opened (`CACHE.json` manifest) and
   refused with a clear error, never reused;
 - an entry whose stored material does not match the key it was looked up under (a copied or
@@ -16,6 +22,12 @@ stores that material next to the SampleResult. So:
   is reported and recomputed.
 Only successful samples are stored: failures are retried by a resumed run. Over-length flags are
 not stored either (they cost nothing to recompute).
+
+An open loop's samples are reused only together: `<root>/schedules/<h[:2]>/<h>.json` records a
+schedule part that was offered whole in one invocation and answered without a failure
+(`schedule_done`). Without that record (the run was interrupted, or a request failed), a
+resume offers the whole schedule again, never the requests left alone: those would meet a
+lighter load than the one the label names (evalkit.runner.run).
 
 The default root is `<run dir>/cache/`, so a run directory is self-contained and `--resume`
 needs nothing else; `--cache-dir` (or `cache_dir:` in a suite) shares one store between runs.
@@ -31,7 +43,6 @@ from typing import Any
 from evalkit import atomic
 from evalkit.probe import canonical_json
 from evalkit.result import SampleResult
-from evalkit.runner import provenance
 
 CACHE_SCHEMA = 1
 MANIFEST = "CACHE.json"
@@ -50,9 +61,8 @@ def _checksum(key: dict, result: dict) -> str:
 
 
 class SampleCache:
-    def __init__(self, root: str | Path, *, code: str | None = None) -> None:
+    def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self.code = code or provenance.code_hash()
         self.hits = self.misses = self.stale = 0
         self._open()
 
@@ -83,14 +93,38 @@ class SampleCache:
                 f"not reused. Start a new run (or point --cache-dir elsewhere), or delete the "
                 f"cache to recompute.")
 
-    def key(self, model_hash: str, probe_hash: str, question: int, generation: dict) -> dict:
-        return {"cache_schema": CACHE_SCHEMA, "evalkit_code": self.code,
-                "model_hash": model_hash, "probe_hash": probe_hash, "question": question,
-                "generation": generation}
+    def key(self, run: dict, probe_hash: str, question: int) -> dict:
+        """A sample's key: `run` is its model's material (model_hash, code, generation; the
+        same for every sample of the model in this run), then the probe and question."""
+        return {"cache_schema": CACHE_SCHEMA, **run, "probe_hash": probe_hash,
+                "question": question}
 
-    def path(self, key: dict) -> Path:
+    def path(self, key: dict, folder: str = "entries") -> Path:
         h = hashlib.sha256(canonical_json(key).encode()).hexdigest()
-        return self.root / "entries" / h[:2] / f"{h}.json"
+        return self.root / folder / h[:2] / f"{h}.json"
+
+    def schedule_done(self, key: dict) -> bool:
+        """Whether the open-loop schedule part `key` was offered whole and answered without a
+        failure (mark_schedule_done); a record that does not check out is reported, not
+        trusted."""
+        path = self.path(key, "schedules")
+        try:
+            entry = json.loads(path.read_text())
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError) as e:
+            self._report(path, f"unreadable ({e})")
+            return False
+        if not isinstance(entry, dict) or entry.get("key") != key or \
+                entry.get("sha256") != _checksum(key, entry.get("result")):
+            self._report(path, "its stored key or checksum does not match")
+            return False
+        return True
+
+    def mark_schedule_done(self, key: dict, samples: int) -> None:
+        result = {"samples": samples}
+        atomic.write_json(self.path(key, "schedules"),
+                          {"key": key, "result": result, "sha256": _checksum(key, result)})
 
     def get(self, key: dict) -> SampleResult | None:
         path = self.path(key)

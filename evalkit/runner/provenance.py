@@ -2,7 +2,8 @@
 
 Recorded: evalkit version and `evalkit_code`, the hash of its source (code_hash: what the
 sample cache and lm-eval's stored pairs are keyed on, so results of other code are never
-reused); git commit and dirty flag of the evalkit checkout (when it is one);
+reused); `user_code`, the content hashes of the user's modules the run ran (plugins, task
+generators, what they imported: evalkit.user_modules, also in the sample cache's key); git commit and dirty flag of the evalkit checkout (when it is one);
 the config hash; each model's identity (weights hash, dtype, backend ... as the adapter reports
 it) with its hash and tokenizer hash; each task's version, config hash and source file; package
 versions; seeds; python and platform; the CPU (its model, the instruction set torch's kernels
@@ -26,6 +27,7 @@ from typing import Any
 
 from evalkit import __version__
 from evalkit.code_version import code_hash
+from evalkit.user_modules import code_of
 from evalkit.probe import canonical_json
 
 PACKAGES = ("torch", "transformers", "tokenizers", "lm_eval", "datasets", "safetensors",
@@ -81,10 +83,45 @@ def git_state(path: Path | None = None) -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
+def code_key(owners: list[str]) -> dict[str, Any]:
+    """Every code a sample's score depends on, for the sample cache's key: evalkit's source,
+    the user's modules the run's `owners` (its plugins, task generators and model factory)
+    are or imported, by content (evalkit.user_modules), and the versions of the packages that
+    compute (torch, transformers, ...). Asked after the model loads: a plugin may import more
+    as it builds its model."""
+    return {"evalkit": code_hash(), "user": code_of(owners), "packages": package_versions()}
+
+
 def identity_hash(identity: dict, options: dict | None = None) -> str:
-    """Hash of what makes a model's results distinct: its identity plus the load options."""
-    doc = {"identity": identity, "options": options or {}}
-    return hashlib.sha256(canonical_json(jsonable(doc)).encode()).hexdigest()
+    """Hash of what makes a model's results distinct: its identity plus the load options, an
+    option that names a file or folder keyed by what it holds (option_content), never by
+    where it lies: the same tokenizer folder in two clones (or two users' caches) is one model,
+    and a folder edited in place is another."""
+    doc = {"identity": identity, "options": option_content(jsonable(options or {}))}
+    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()
+
+
+def option_content(value: Any) -> Any:
+    """`value` with every string that names an existing file or folder (it holds a path
+    separator, or starts with ~) replaced by its content: a file by its sha256, a folder by
+    {file name: sha256} of the regular files in it (not below it: a model folder keeps its
+    files at its top). Hashes are evalkit.model_adapters.weights.file_sha256's, remembered
+    on disk, so a large file is read once."""
+    if isinstance(value, dict):
+        return {k: option_content(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [option_content(v) for v in value]
+    if not isinstance(value, str) or not ("/" in value or os.sep in value or
+                                          value.startswith("~")):
+        return value
+    from evalkit.model_adapters.weights import file_sha256
+
+    path = Path(value).expanduser()
+    if path.is_file():
+        return {"file_sha256": file_sha256(path)}
+    if path.is_dir():
+        return {"folder": {f.name: file_sha256(f) for f in sorted(path.iterdir()) if f.is_file()}}
+    return value  # not there: the adapter's own error names it
 
 
 def jsonable(obj: Any) -> Any:
@@ -100,10 +137,12 @@ def jsonable(obj: Any) -> Any:
 
 
 def collect(*, config_hash: str, seed: int, models: dict, tasks: dict, started: str,
-            finished: str | None = None, resumed: list[str] | None = None) -> dict[str, Any]:
+            finished: str | None = None, resumed: list[str] | None = None,
+            user_code: list[str] | None = None) -> dict[str, Any]:
     return {
         "evalkit_version": __version__,
         "evalkit_code": code_hash(),
+        "user_code": user_code or [],
         "git": git_state(),
         "config_hash": config_hash,
         "models": models,

@@ -15,6 +15,7 @@ ends with the same results.json as an uninterrupted run.
 from __future__ import annotations
 
 import gc
+import hashlib
 from collections import Counter
 import sys
 import time
@@ -36,7 +37,9 @@ from evalkit.runner.cache import CacheError, SampleCache
 from evalkit.runner.concurrent import MAX_OPEN, execute_concurrent
 from evalkit.runner.execute import ModelRun, base_sample, execute, failed, in_sinks
 from evalkit.runner.plan import Request, build_plan
-from evalkit.runner.suite import ResolvedModel, ResolvedSuite, ResolvedTask, SuiteConfig, SuiteError
+from evalkit.runner.suite import (ResolvedModel, ResolvedSuite, ResolvedTask, SuiteConfig,
+                                  SuiteError, plugin_modules)
+from evalkit.user_modules import code_of, owned_imports
 from evalkit.taskspec import generate_probes
 from evalkit.tokenization import tokenizer_hash
 
@@ -58,11 +61,13 @@ class RunOutcome:
     capped: int = 0                  # requests sent late for the cap on open requests
 
 
-def _generation_key(run: ModelRun) -> dict:
+def _generation_key(run: ModelRun, schedule: dict | None = None) -> dict:
+    """How a sample was asked for: decoding, and the load it was answered under (a closed
+    loop's label, exact: closed:C; an open loop's whole schedule, `schedule`)."""
     key = {"stop": list(run.stop), "max_new_tokens": run.max_new_tokens, "decoding": "greedy",
            "forced_choice": "sum-logprob, ' ' + candidate" if run.forced_choice else "off"}
     if run.arrivals is not None:  # a sample answered under load is not an unloaded one
-        key["arrivals"] = run.arrivals
+        key["arrivals"] = schedule if schedule is not None else run.arrivals
     return key
 
 
@@ -86,6 +91,11 @@ class _Session:
         self.probes: dict[str, dict] = {}             # hash -> probe dict (--log-samples)
         self._probe_memo: dict[tuple[str, str], list[Probe]] = {}
         self.maxima: dict[str, int | None] = {}
+        # the user modules each model's samples depend on (the cache key's code): the suite's
+        # plugins, its tasks' generators, the model's factory (evalkit.user_modules)
+        self.run_owners = plugin_modules(resolved.suite.plugins) + sorted(
+            {t.spec.generator.__module__ for t in resolved.tasks})
+        self.owners: dict[str, list[str]] = {}
         self.cached = self.computed = self.tokens_run = 0
 
     # -- models ---------------------------------------------------------------------------
@@ -94,8 +104,13 @@ class _Session:
 
         from evalkit.model_adapters.models import load_model
 
+        from evalkit.model_adapters.models import resolve_spec
+
+        factory = resolve_spec(m.spec)[0].factory.__module__
+        self.owners[m.name] = self.run_owners + [factory]
         try:
-            adapter = load_model(m.spec, **m.options)
+            with owned_imports(factory):  # a plugin's model may import more as it loads
+                adapter = load_model(m.spec, **m.options)
         except (TypeError, ValueError) as e:  # unknown or bad options: the user's input
             raise SuiteError(f"{self.resolved.source}: model {m.name!r} ({m.spec}): "
                              f"{e}") from e
@@ -128,14 +143,25 @@ class _Session:
         for task in self.resolved.tasks:  # every grid problem surfaces before any evaluation
             self.probes_for(task, adapter.tokenizer)
         if arrivals is not None:  # one schedule over every task: planned first, then sent
-            self.run_scheduled(run, arrivals, [self.plan_pair(run, mi, ti, task)
+            self.run_scheduled(run, arrivals, [self.plan_pair(run, mi, ti, task, None)
                                                for ti, task in enumerate(self.resolved.tasks)])
         else:
+            material = self.material(run)
             for ti, task in enumerate(self.resolved.tasks):
-                todo, _ = self.plan_pair(run, mi, ti, task)
-                self.run_items(run, todo, f"{run.name} | {task.name}")
+                todo, _ = self.plan_pair(run, mi, ti, task, material)
+                self.run_items(run, todo, f"{run.name} | {task.name}", material)
         del run, adapter
         gc.collect()
+
+    def user_code(self) -> list[str]:
+        """The user modules the run's samples depend on, by content (provenance.json)."""
+        return code_of(set(self.run_owners).union(*self.owners.values()))
+
+    def material(self, run: ModelRun, schedule: dict | None = None) -> dict:
+        """The cache key material every sample of `run` shares (SampleCache.key). The code is
+        read now, after the model loaded: a plugin may import more as it builds its model."""
+        return {"model_hash": run.model_hash, "code": provenance.code_key(self.owners[run.name]),
+                "generation": _generation_key(run, schedule)}
 
     def _check_same_as_before(self, m: ResolvedModel, identity: dict, mhash: str) -> None:
         before = self.earlier_models.get(m.name)
@@ -177,10 +203,12 @@ class _Session:
         return self._probe_memo[key]
 
     # -- one model x task -------------------------------------------------------------------
-    def plan_pair(self, run: ModelRun, mi: int, ti: int, task: ResolvedTask
-                  ) -> tuple[list[Request], list[Request]]:
+    def plan_pair(self, run: ModelRun, mi: int, ti: int, task: ResolvedTask,
+                  material: dict | None) -> tuple[list[Request], list[Request]]:
         """(the requests to answer here: this shard's and rank's, not cached; every request of
-        the pair's whole plan, what a load's schedule covers). Records flagged and cached ones."""
+        the pair's whole plan, what a load's schedule covers). Records flagged and cached ones.
+        `material`: the cache key material, None for an open loop (whose samples are reused
+        only as a whole schedule: run_scheduled looks them up)."""
         adapter, dist = run.adapter, self.dist
         max_len = adapter.max_length
         sinks = int(self.models[run.name].get("sinks") or 0)  # tokens kept exact at the start
@@ -217,11 +245,11 @@ class _Session:
         for order, s in dist.shard(self.shard.take(direct)):
             self.samples.append((order, s.to_dict()))
 
-        gen_key = _generation_key(run)
         todo: list[Request] = []
         for unit in dist.shard(full.units):
             for item in unit.items():
-                hit = self.cache.get(self.cache.key(run.model_hash, item.probe.hash, item.qi, gen_key))
+                hit = None if material is None else self.cache.get(
+                    self.cache.key(material, item.probe.hash, item.qi))
                 if hit is None:
                     todo.append(item)
                 else:
@@ -236,21 +264,70 @@ class _Session:
         model's whole plan (evalkit.runner.arrivals), whatever this invocation sends of it."""
         key = lambda it: f"{it.probe.task}\0{it.probe.hash}\0{it.qi}"
         whole = [key(it) for _, sent in planned for it in sent]
+        seed = self.resolved.suite.seed
         try:
-            due = arrivals.schedule(whole, seed=self.resolved.suite.seed)
+            due = arrivals.schedule(whole, seed=seed)
         except ValueError as e:
             raise SuiteError(f"model {run.name!r}: {e}") from None
         todo = sorted((it for left, _ in planned for it in left), key=lambda it: due[key(it)])
+        # The schedule, exactly: what a sample measured under it was measured under. The
+        # process with its exact rate (a float's JSON is its repr: poisson:12.34567 and
+        # :12.34571 differ, where the 6-digit label does not) or the trace's content; the
+        # seed and every request of the schedule (they fix each due time and what queues
+        # beside it); the shard and rank that sent this part; the cap on open requests.
+        schedule = {"process": arrivals.config(), "seed": seed,
+                    "requests": hashlib.sha256("\n".join(sorted(set(whole))).encode()).hexdigest(),
+                    "shard": self.shard.as_dict(), "ranks": self.dist.world,
+                    "max_open": MAX_OPEN}
+        material = self.material(run, schedule)
+        part = {**material, "rank": self.dist.rank}
+        # A load is what was offered. This part's samples are reused only together, when
+        # the whole part was offered in one invocation and answered without a failure
+        # (SampleCache.schedule_done). Otherwise the whole part is offered again: sending
+        # only what failed or was cut off would put those requests under a lighter load
+        # than the label says (the review: 10 timeouts of 16 at poisson:10/s vanished on
+        # --resume, sent alone), and a union of two invocations is not one load.
+        if self.cache.schedule_done(part) and self._reuse_whole(run, material, todo):
+            return
         when = [due[key(it)] for it in todo]
         if self.dist.is_main:
-            part = "" if self.shard.count == 1 else f" (shard {self.shard}: its part)"
+            where = "" if self.shard.count == 1 else f" (shard {self.shard}: its part)"
             first = f", the first due in {when[0]:.1f} s" if when and when[0] >= 1 else ""
             print(f"evalkit run: {run.name} under {arrivals.label}: {len(whole)} requests, "
                   f"expected to take {arrivals.expected_s(len(whole)):,.0f} s; {len(todo)} to "
-                  f"send here{part}{first}", file=sys.stderr)
-        self.run_items(run, todo, f"{run.name} | {arrivals.label}", due=when)
+                  f"send here{where}{first}", file=sys.stderr)
+        done = len(self.samples)
+        try:
+            self.run_items(run, todo, f"{run.name} | {arrivals.label}", material, due=when)
+        except KeyboardInterrupt:
+            print(f"evalkit run: {run.name} under {arrivals.label}: the schedule was cut "
+                  f"short, so a resume offers it again whole (its answered samples are not "
+                  f"reused alone: they would not be one load)", file=sys.stderr)
+            raise
+        answered = [d for _, d in self.samples[done:]]
+        if len(answered) == len(todo) and not any(d["error"] for d in answered):
+            self.cache.mark_schedule_done(part, len(todo))
+        elif self.dist.is_main:
+            print(f"evalkit run: {run.name} under {arrivals.label}: "
+                  f"{sum(bool(d['error']) for d in answered)} of {len(todo)} requests failed; "
+                  f"they count as measured. A resume (or a run sharing this cache) offers the "
+                  f"whole schedule again, never the failed requests alone", file=sys.stderr)
 
-    def run_items(self, run: ModelRun, todo: list[Request], desc: str,
+    def _reuse_whole(self, run: ModelRun, material: dict, todo: list[Request]) -> bool:
+        """Every sample of a finished schedule part from the cache, or none (False: an entry
+        is gone or fails its check, so the part is offered again)."""
+        hits = []
+        for item in todo:
+            hit = self.cache.get(self.cache.key(material, item.probe.hash, item.qi))
+            if hit is None:
+                return False
+            hit.model = run.name
+            hits.append((item.order, hit.to_dict()))
+        self.samples += hits
+        self.cached += len(hits)
+        return True
+
+    def run_items(self, run: ModelRun, todo: list[Request], desc: str, material: dict,
                   due: list[float] | None = None) -> None:
         """Answer `todo`, caching each sample as it ends. `due`: an open loop's due times;
         else a served model keeps `concurrency` requests in flight (a closed loop) and an
@@ -259,12 +336,11 @@ class _Session:
             return
         plan = build_plan(todo)
         self.tokens_run += 0 if run.served else plan.tokens_prefilled  # served: as sent
-        gen_key = _generation_key(run)
         order = {(it.probe.task, it.probe.hash, it.qi): it.order for it in todo}
         bar = _bar(len(todo), desc, self.progress)
 
         def emit(s: SampleResult) -> None:
-            self.cache.put(self.cache.key(s.model_hash, s.probe_hash, s.question, gen_key), s)
+            self.cache.put(self.cache.key(material, s.probe_hash, s.question), s)
             self.samples.append((order[(s.task, s.probe_hash, s.question)], s.to_dict()))
             self.computed += 1
             self.tokens_run += s.tokens_sent or 0
@@ -429,7 +505,7 @@ def _run(session: _Session, earlier: dict | None, done: bool, argv: list[str] | 
     def record_start(models: dict) -> None:
         rundir.write_start(path, provenance.collect(
             config_hash=resolved.config_hash, seed=suite.seed, models=models, tasks=tasks,
-            started=first_start, resumed=resumed))
+            started=first_start, resumed=resumed, user_code=session.user_code()))
 
     if dist.is_main and not done:  # a finished run's provenance stays until it is rewritten
         record_start(dict(session.earlier_models))
@@ -470,7 +546,8 @@ def _run(session: _Session, earlier: dict | None, done: bool, argv: list[str] | 
     finished = provenance.utc_now()
     prov = provenance.collect(config_hash=resolved.config_hash, seed=suite.seed,
                               models=session.models, tasks=tasks, started=first_start,
-                              finished=finished, resumed=resumed)
+                              finished=finished, resumed=resumed,
+                              user_code=session.user_code())
     results = aggregate.build_results(
         run_id=path.name, version=__version__, created=finished,
         config_hash=resolved.config_hash, provenance=prov, models=session.models, tasks=tasks,

@@ -62,7 +62,7 @@ from evalkit.grid import (MAX_POINTS, SIZES, Grid, length_error, load_error,
 from evalkit.probe import canonical_json
 from evalkit.render import ANSWER_STOP
 from evalkit.taskspec import GridPoint, SpecError, TaskSpec, discover, grid
-from evalkit.user_modules import load_user_file
+from evalkit.user_modules import load_user_file, module_name, owned_imports
 from evalkit.yamlfile import read_yaml, validation_message
 
 # Groups every suite knows; a suite's own `groups:` may add more (not replace these).
@@ -317,12 +317,19 @@ def import_plugins(plugins: Sequence[str], where: str) -> None:
             if is_file:
                 load_user_file(path)
             else:
-                importlib.import_module(ref)
+                with owned_imports(ref):  # what it imports keys the cache with it
+                    importlib.import_module(ref)
         except Exception as e:  # the user's plugin fails as it is imported
             if isinstance(e, ModuleNotFoundError) and e.name == ref:
                 raise SuiteError(f"{where}: key 'plugins': module {ref!r} not found") from None
             raise SuiteError(f"{where}: key 'plugins': {ref}: importing it failed: "
                              f"{type(e).__name__}: {e}") from None
+
+
+def plugin_modules(plugins: Sequence[str]) -> list[str]:
+    """The module names import_plugins gave `plugins` (their code keys the sample cache)."""
+    return [module_name(ref) if ref.endswith(".py") or Path(ref).is_absolute() else ref
+            for ref in plugins]
 
 
 def _is_served(spec: str) -> bool:
