@@ -125,6 +125,11 @@ CONFIG_smollm2 = configs/standard-served.yaml
 CONFIG_mamba2 = configs/standard-served-mamba2.yaml
 SERVED_smollm2 = smollm2-135m-vllm
 SERVED_mamba2 = recall-mamba2-tiny-vllm
+# the name each side's server serves its folder under: vLLM's default is the folder's absolute
+# path, which would make the served model's identity (its model_hash) depend on where the
+# repository is cloned; the tokenizer option's folder is keyed by its content (provenance.py)
+SERVED_NAME_smollm2 = smollm2-135m
+SERVED_NAME_mamba2 = recall-mamba2-tiny
 SMOLLM2_DIR = $(shell $(BIN)/python -c 'from evalkit.model_adapters.embedded import \
     convert_gguf_once as c; print(c())')
 MAMBA2_DIR = $(abspath model_adapters/tiny/recall-mamba2-tiny)
@@ -136,7 +141,8 @@ served-side:
 	@test -n "$(CONFIG_$(SIDE))" || { echo "SIDE=$(SIDE): expected one of: $(SIDES)" >&2; exit 2; }
 	EVALKIT_VLLM_PYTHON=$(abspath $(VBIN))/python $(BIN)/python benchmarks/vllm_server.py \
 	    --model $(DIR_$(SIDE)) --port $(VLLM_PORT) --log-dir runs/served-logs/$(SIDE) \
-	    $(RESERVE_ARG) --engine-arg=--no-enable-prefix-caching -- \
+	    $(RESERVE_ARG) --engine-arg=--no-enable-prefix-caching \
+	    --engine-arg=--served-model-name=$(SERVED_NAME_$(SIDE)) -- \
 	    $(MAKE) --no-print-directory served-runs SIDE=$(SIDE)
 SERVED_RUN = EVALKIT_SMOLLM2_DIR=$(SMOLLM2_DIR) EVALKIT_MAMBA2_DIR=$(MAMBA2_DIR) \
     $(BIN)/evalkit run --config $(CONFIG_$(SIDE)) --cache-dir runs/served-cache --resume

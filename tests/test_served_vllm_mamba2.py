@@ -22,6 +22,7 @@ from vllm_support import (VllmServer, by_key, check_parity, read_samples, run_su
 
 pytestmark = pytest.mark.vllm
 
+SERVED_NAME = "recall-mamba2-tiny"
 KEY_ENV = "EVALKIT_TEST_VLLM_KEY"
 KEY = "evalkit-test-key-" + secrets.token_hex(16)  # what no file may contain
 # the kill test's suite: enough samples that the kill lands mid-run
@@ -43,7 +44,10 @@ def mamba2_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def mamba2_server(mamba2_dir, tmp_path_factory):
-    server = VllmServer(mamba2_dir, tmp_path_factory.mktemp("vllm"), extra=("--api-key", KEY))
+    # served under a name, as `make standard-served` serves it: vLLM's default name is the
+    # folder's absolute path, which would put the clone's location into the model's identity
+    server = VllmServer(mamba2_dir, tmp_path_factory.mktemp("vllm"),
+                        extra=("--api-key", KEY, "--served-model-name", SERVED_NAME))
     try:
         print(f"\nvLLM serving the Mamba-2: ready in {server.start():.0f} s")
         yield server
