@@ -453,3 +453,41 @@ def test_a_redeployed_model_is_not_resumed_nor_its_cache_reused(tmp_path, capsys
         assert rc == 0 and len(rows) == 1
         assert len(srv.greedy) == sent + 1  # asked again, not taken from the cache
     assert "(0 from cache, 1 evaluated)" in capsys.readouterr().out
+
+
+# -- own pass: what a server sends is read strictly ---------------------------------------------
+def _load(url: str):
+    from evalkit.model_adapters.models import load_model
+
+    return load_model(f"served:{url}", tokenizer=str(TINY_TOKENIZER), retries=0)
+
+
+@pytest.mark.parametrize("value", ["-1_0", "-2", 3.5, True])
+def test_a_log_probability_that_is_no_number_or_above_zero_is_refused(value):
+    """float() read the string "-1_0" as -10 and a server's 3.5 summed as a probability > 1."""
+    def reply(h, body):
+        h.json(200, {"choices": [{"index": 0, "text": "", "prompt_logprobs": [None] + [
+            {str(t): {"logprob": value}} for t in body["prompt"][1:]]}]})
+
+    with Fake(reply) as srv:
+        m = _load(srv.url)
+        with pytest.raises(ServerError, match="expected a number <= 0"):
+            m.score(m.prefill([3, 4]), [[5]])
+        m.client.close()
+
+
+@pytest.mark.parametrize("limit", ["4_096", 4096.5, -1, True])
+def test_a_max_model_len_that_is_no_whole_number_is_refused(limit):
+    with Fake(_scoring, models=[{"id": "m", "max_model_len": limit}]) as srv:
+        with pytest.raises(ServerError, match="max_model_len .* expected a whole number"):
+            _load(srv.url)
+
+
+def test_a_body_its_content_encoding_does_not_decode_is_a_malformed_answer():
+    """httpx's DecodingError escaped the client as no ServerError (no cause, no retry)."""
+    with Fake(lambda h, b: h.raw(200, b"not gzip at all", {"Content-Encoding": "gzip",
+                                                           "Content-Type": "application/json"})
+              ) as srv:
+        err, _ = bounded(lambda: client(srv.url).post_json("/completions", BODY))
+    assert isinstance(err, ServerError) and err.cause == "bad_response", repr(err)
+    assert err.attempts == srv.hits == 3 and "malformed" in str(err)

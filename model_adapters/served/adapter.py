@@ -173,6 +173,9 @@ class ServedAdapter(AdapterBase):
                              f"{listed})" + ("; every server of a list must serve the same "
                                              "model" if index else ""))
         limit = entries[model].get("max_model_len")
+        if limit is not None and not (type(limit) is int and limit > 0):
+            raise ServerError(f"{url}/models: max_model_len {str(limit)[:40]!r} of {model!r}: "
+                              f"expected a whole number of tokens")
         version = self.client.get_optional("/version", index=index)
         engine = ({"engine": "vllm", "version": str(version["version"])}
                   if isinstance(version, dict) and "version" in version else {})
@@ -330,7 +333,7 @@ class ServedAdapter(AdapterBase):
             vals = [_logprob_of(rows[i], prompt[i]) for i in range(len(prompt) - n, len(prompt))]
         else:
             vals = self._echoed(choice, prompt, n)
-        total = math.fsum(float(v) for v in vals)
+        total = math.fsum(_logprob(v) for v in vals)
         if not math.isfinite(total):
             raise FloatingPointError(f"{self.name}: the server returned non-finite "
                                      f"log-probabilities {vals}")
@@ -412,7 +415,16 @@ def _logprob_of(row: Any, token: int) -> float:
     entry = row.get(str(token), row.get(token))
     if entry is None:
         raise ServerError(f"prompt_logprobs row lacks the prompt's own token {token}")
-    return float(entry["logprob"] if isinstance(entry, dict) else entry)
+    return _logprob(entry.get("logprob") if isinstance(entry, dict) else entry)
+
+
+def _logprob(value: Any) -> float:
+    """A log-probability as a server sends it: a JSON number at most 0 (a string is not one:
+    float() would read "1_0" or " 5 "; a positive one is no probability). Non-finite numbers
+    pass here and are refused with the sum, naming them."""
+    if type(value) not in (int, float) or value > 1e-6:
+        raise ServerError(f"a log-probability {str(value)[:40]!r}: expected a number <= 0")
+    return float(value)
 
 
 def public_spec(spec: str) -> str:

@@ -348,6 +348,8 @@ class Client:
         except httpx.TransportError as e:
             raise ServerError(f"the response was cut off ({_reason(e)})",
                               retryable=True) from None
+        except httpx.HTTPError as e:  # a body its Content-Encoding does not decode, ...
+            raise _malformed(f"{type(e).__name__}: {_short(e)}") from None
         finally:
             await r.aclose()
 
