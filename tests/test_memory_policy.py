@@ -46,13 +46,14 @@ def heads_json(tmp_path_factory):
     return path, doc
 
 
-@pytest.mark.parametrize("window,sinks", [(16, 2), (8, 0), (33, 4)])
-def test_window_sinks_equals_the_kv_budget_path(window, sinks):
-    """The twins' W + S attention = the budget window W + S - 1 with S sinks (other code)."""
-    pol = load_model(TINY, window=window, sinks=sinks, prefill_chunk=50)
-    ref = load_model(TINY, window=window + sinks - 1, sink=sinks, prefill_chunk=50)
-    ids = _ids(400)
-    for n in (1, sinks + 1, window, window + sinks + 1, 130, 400):
+@pytest.mark.parametrize("window,sinks,chunk", [(16, 2, 50), (8, 0, 50), (33, 4, 2048)])
+def test_window_sinks_equals_the_kv_budget_path(window, sinks, chunk):
+    """The twins' W + S attention = the budget window W + S - 1 with S sinks (other code);
+    chunk 2048: a prefill's bounded heads in several query blocks (policy.BLOCK)."""
+    pol = load_model(TINY, window=window, sinks=sinks, prefill_chunk=chunk)
+    ref = load_model(TINY, window=window + sinks - 1, sink=sinks, prefill_chunk=chunk)
+    ids = _ids(700)
+    for n in (1, sinks + 1, window, window + sinks + 1, 130, 700):
         a, b = pol.prefill(ids[:n]), ref.prefill(ids[:n])
         assert (_lp(a) - _lp(b)).abs().max().item() < TOL, n
     s = pol.prefill(ids[:200])
@@ -123,9 +124,12 @@ def test_keep_heads_keeps_the_best_heads_and_counts_their_bytes(heads_json):
     assert m.state_kind == "kv"
 
 
-def test_mixed_policy_equals_one_masked_parent_forward(tmp_path):
+@pytest.mark.parametrize("chunk,block", [(9, 256), (2048, 16)])
+def test_mixed_policy_equals_one_masked_parent_forward(tmp_path, monkeypatch, chunk, block):
     """Grouped-query heads: one KV head of two whole per layer. Reference: the parent's own
-    sdpa path given a per-query-head 4-D mask, one forward, no cache tricks."""
+    sdpa path given a per-query-head 4-D mask, one forward, no cache tricks. Small chunks, or
+    one chunk in many query blocks."""
+    monkeypatch.setattr(mem, "BLOCK", block)
     from test_softmax_adapter import build_tiny_llama
 
     path = build_tiny_llama(tmp_path / "gqa", layers=2, max_positions=256, init=0.05)
@@ -133,7 +137,7 @@ def test_mixed_policy_equals_one_masked_parent_forward(tmp_path):
     cfg = parent.model.config
     n_kv, groups = cfg.num_key_value_heads, cfg.num_attention_heads // cfg.num_key_value_heads
     W, S, full = 6, 2, ((1,), (0,))
-    m = SoftmaxAdapter(path, window=W, sinks=S, prefill_chunk=9)
+    m = SoftmaxAdapter(path, window=W, sinks=S, prefill_chunk=chunk)
     m.policy = mem.MemoryPolicy(W, S, full, n_kv)  # the heads by hand (no needle task here)
     ids = _ids(80, seed=5, vocab=90)
     got = m.extend(m.prefill(ids[:31]), ids[31:])

@@ -197,6 +197,34 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int,
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scaling)
 
 
+BLOCK = 256  # bounded heads' queries per sdpa call in a long prefill
+
+
+def _bounded_attention(layer: PolicyLayer, query: torch.Tensor, qpos: torch.Tensor, groups: int,
+                       scaling: float | None) -> torch.Tensor:
+    """The bounded heads over their stored sinks + window, query block by query block: a block
+    of B queries reads the sinks and the B + W - 1 keys ending at its last query, so a prefill
+    of T tokens costs T * (S + W + B) scores, not T * T."""
+    p = layer.policy
+    kpos = layer.bounded_positions(qpos.numel(), query.device)
+    a = min(p.sinks, int(kpos.numel()))
+    a = int((kpos[:a] < p.sinks).sum()) if a else 0   # stored sinks (then a contiguous tail)
+    first_tail = int(kpos[a]) if kpos.numel() > a else 0
+    outs = []
+    for j in range(0, qpos.numel(), BLOCK):
+        qp = qpos[j: j + BLOCK]
+        lo = max(a, a + int(qp[0]) - (p.window - 1) - first_tail)   # first tail index needed
+        hi = a + int(qp[-1]) + 1 - first_tail
+        idx = slice(lo, hi)
+        k = torch.cat([layer.win_keys[..., :a, :], layer.win_keys[..., idx, :]], -2)
+        v = torch.cat([layer.win_values[..., :a, :], layer.win_values[..., idx, :]], -2)
+        kp = torch.cat([kpos[:a], kpos[idx]])
+        mask = (kp[None, :] <= qp[:, None]) & ((kp[None, :] < p.sinks)
+                                              | (kp[None, :] > qp[:, None] - p.window))
+        outs.append(_sdpa(query[:, :, j: j + BLOCK], k, v, groups, mask, False, scaling))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, 2)
+
+
 def policy_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
                      **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -235,12 +263,7 @@ def policy_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         parts.append((qi, o))
     if layer._bounded:
         qi = heads(layer._bounded)
-        kpos = layer.bounded_positions(q, query.device)
-        p = layer.policy
-        mask = (kpos[None, :] <= qpos[:, None]) & ((kpos[None, :] < p.sinks)
-                                                   | (kpos[None, :] > qpos[:, None] - p.window))
-        o = _sdpa(query[:, qi], layer.win_keys, layer.win_values, groups, mask, False, scaling)
-        parts.append((qi, o))
+        parts.append((qi, _bounded_attention(layer, query[:, qi], qpos, groups, scaling)))
     if len(parts) == 1:
         out = parts[0][1]
     else:
