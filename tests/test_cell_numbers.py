@@ -205,3 +205,49 @@ def test_sustained_counts_the_time_failures_held_their_slot(tmp_path):
     expected = n_ok / sum(s["latency_s"] for s in samples)
     assert np.isclose(rate, expected, rtol=1e-9), (rate, expected)
     assert "12 answered, 4 failed" in said, said
+
+
+def test_a_failure_misses_exactly_the_metrics_an_answer_would_have_had():
+    """cell_stats.miss_scores against the scorer itself (scoring.score_sample, as the runner
+    calls it: forced choice when the model has it on and the question two candidates or
+    more), for every question kind a registered metric names and the kinds none does."""
+    from evalkit import scoring
+    from evalkit.cell_stats import miss_scores
+
+    kinds = {"recall", "latest", None} | {k for m in scoring.METRICS.values()
+                                           for k in m.question_kinds}
+    for kind in kinds:
+        for n_candidates in (0, 1, 2, 3):
+            for fc in (True, False):
+                logprobs = [-1.0] * n_candidates if fc and n_candidates >= 2 else None
+                answered = scoring.score_sample("4821", ["4821"], logprobs, kind)
+                assert miss_scores(kind, n_candidates, fc) == dict.fromkeys(answered, 0.0), (
+                    kind, n_candidates, fc)
+
+
+def test_a_response_time_or_attempt_count_that_is_no_number_is_refused_by_line(tmp_path,
+                                                                                 capsys):
+    """samples.jsonl's latency_s and attempts are what a cell's response times are read from:
+    a string, a negative or non-finite time, or a fractional attempt count is refused, naming
+    the file, line and field (not a pandas error, nor a NaN percentile)."""
+    from helpers import restamp
+
+    with OneSlot(0.01) as srv:
+        rc, _ = run(_suite(tmp_path, srv.url, samples=1, lengths=(64,), depths=(0.5,)),
+                    tmp_path / "run")
+    assert rc == 0
+    spath = tmp_path / "run" / "samples.jsonl"
+    good = spath.read_text()
+    for field, value, says in [("latency_s", "0.5", "latency_s = '0.5' is not a finite number"),
+                               ("latency_s", -1.0, "latency_s = -1.0 is not a finite number"),
+                               ("latency_s", float("inf"), "latency_s = inf is not a finite"),
+                               ("attempts", 1.5, "attempts = 1.5 is not a whole number")]:
+        row = json.loads(good.splitlines()[0])
+        row[field] = value
+        spath.write_text(json.dumps(row) + "\n")
+        restamp(tmp_path / "run")
+        capsys.readouterr()
+        assert evalkit_main(["publish", str(tmp_path / "run"), "--to",
+                             str(tmp_path / "board")]) == 2
+        err = capsys.readouterr().err
+        assert f"{spath}:1: {says}" in err and "Traceback" not in err, err

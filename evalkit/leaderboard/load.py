@@ -8,6 +8,7 @@ Every problem is an error naming the file (and line or field) at fault.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -105,9 +106,22 @@ def read_samples(path: Path) -> list[dict[str, Any]]:
             for k, v in scores.items():
                 if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
                     raise ValueError(f"{path}:{i}: scores[{k!r}] = {v!r} is not a number in [0, 1]")
+            _check_timing(d, f"{path}:{i}")
             d["_line"] = i
             rows.append(d)
     return rows
+
+
+def _check_timing(d: dict, where: str) -> None:
+    """What a cell's response times are read from (cell_stats.response_time): latency_s a
+    finite number >= 0, attempts a whole number >= 0; either may be absent (null)."""
+    lat, attempts = d.get("latency_s"), d.get("attempts")
+    if lat is not None and (not isinstance(lat, (int, float)) or isinstance(lat, bool)
+                            or not math.isfinite(lat) or lat < 0):
+        raise ValueError(f"{where}: latency_s = {lat!r} is not a finite number of seconds >= 0")
+    if attempts is not None and (not isinstance(attempts, int) or isinstance(attempts, bool)
+                                 or attempts < 0):
+        raise ValueError(f"{where}: attempts = {attempts!r} is not a whole number >= 0")
 
 
 def load_run(path: str | Path) -> Run:
