@@ -1,6 +1,7 @@
 """The `hf:PATH` loader: a local Hugging Face causal LM folder or .gguf file, routed by what its
-cache will hold. A config whose layers keep recurrent states or conv tails (Mamba, RWKV,
-hybrids) gets the RecurrentAdapter; everything else the SoftmaxAdapter. The kind of state is
+cache will hold (recurrent/family.py). A config whose layers keep recurrent states or conv tails
+(any such transformers family: Mamba, RWKV, xLSTM, the hybrids) gets the RecurrentAdapter;
+everything else the SoftmaxAdapter. The kind of state is
 measured by the adapter, hence `state_kind="measured"` in the registry."""
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ import torch
 
 from hf_families import FAMILIES, build_family, family_config
 
-from evalkit.model_adapters.cache_state import UnknownCacheError, cache_state, cache_tensors
+from evalkit.model_adapters.cache_state import (UnknownCacheError, cache_state, cache_tensors,
+                                                fork_cache)
 from evalkit.model_adapters.recurrent.adapter import RecurrentAdapter
 from evalkit.model_adapters.recurrent.family import state_family
 from evalkit.model_adapters.recurrent.formula import state_at
@@ -118,11 +119,23 @@ def test_unknown_cache_class_is_one_clear_error():
         cache_tensors(cache)
 
 
-def test_families_whose_state_is_not_in_a_cache_are_refused():
-    from transformers import LlamaConfig, RecurrentGemmaConfig
+def test_a_tensor_of_unknown_role_is_refused_naming_class_and_attribute():
+    """A known layer class holding a tensor in an attribute evalkit has no role for (a future
+    transformers field) is refused by name, never counted as nothing."""
+    from transformers import DynamicCache, LlamaConfig, RecurrentGemmaConfig
+    from transformers.cache_utils import LinearAttentionLayer
 
-    with pytest.raises(UnsupportedFamily, match="recurrent_gemma.*modules"):
-        state_family(RecurrentGemmaConfig(num_hidden_layers=2, hidden_size=32))
+    layer = LinearAttentionLayer()
+    layer.conv_states[0] = torch.zeros(1, 4, 3)
+    layer.delta_history = [torch.zeros(1, 4)]
+    cache = DynamicCache()
+    cache.layers = [layer]
+    with pytest.raises(UnknownCacheError, match=r"LinearAttentionLayer.*'delta_history\[0\]'"):
+        cache_state(cache)
+    with pytest.raises(UnknownCacheError, match="delta_history"):
+        fork_cache(cache)
+    # RecurrentGemma keeps its states on its modules: run (ModuleState), no longer refused
+    assert state_family(RecurrentGemmaConfig(num_hidden_layers=2, hidden_size=32)) == "recurrent"
     assert state_family(LlamaConfig(num_hidden_layers=2, hidden_size=32)) == "kv"
 
 

@@ -3,11 +3,11 @@
 Prints, without loading weights, a model's parameter count, its state per sequence at N
 tokens, the KV cache of a softmax model of the same width and depth at N tokens, and their
 ratio. MODEL_OR_CONFIG: a config.json, a checkpoint folder holding one, "name:PATH", or a
-registered model declared with a `config` (e.g. laplace). GLA configs and transformers'
-recurrent and hybrid families (Mamba, Mamba-2, RWKV, Jamba, Bamba, Zamba2, FalconH1, LFM2,
-Qwen3-Next) are understood; for the latter the state is split into fixed, window and growing
-bytes, from the config's formula and, with --measure (the default for a checkpoint folder),
-from an actual prefill of N tokens into a random model of that config.
+registered model declared with a `config` (e.g. laplace). GLA configs and every transformers
+family whose cache holds recurrent states or conv tails are understood; for the latter the
+state is split into fixed, window and growing bytes and by role (recurrent, conv, window_kv,
+kv, indexer), from the config's formula and, with --measure (the default for a checkpoint
+folder), from an actual prefill of N tokens into a random model of that config.
 """
 from __future__ import annotations
 

@@ -1,30 +1,28 @@
-"""RecurrentAdapter: a transformers recurrent or hybrid causal LM (Mamba, Mamba-2, RWKV, Jamba,
-Bamba, Zamba2, FalconH1, LFM2, Qwen3-Next) behind the evalkit protocol, its cache as the state.
+"""RecurrentAdapter: a transformers recurrent or hybrid causal LM (any family whose cache holds
+recurrent states or conv tails, maybe beside KV: recurrent/family.py) behind the evalkit
+protocol, its state as the cache.
 
-Prefill once, fork per question by cloning the cache, decode and score through it. The state's
-bytes and kind are counted from the cache's tensors after each step (model_adapters.cache_state),
-never assumed from the family.
+Prefill once, fork per question by copying the state, decode and score through it. The state's
+bytes and kind are counted by role from the tensors it holds after each step
+(model_adapters.cache_state), never assumed from the family. Models that drop their state on a
+multi-token forward after a prefill are found by a probe at load (recurrent/stepwise.py) and fed
+token by token after their prefill.
 """
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Any, Sequence
 
 import torch
 
-from evalkit.model_adapters.cache_state import TensorState, cache_state, cache_tensors, fork_cache
+from evalkit.model_adapters.cache_state import cache_state, cache_tensors, fork_cache
 from evalkit.model_adapters.hf_base import HFBase, HFState, eos_ids
-from evalkit.model_adapters.recurrent.formula import state_at
+from evalkit.model_adapters.recurrent.forward import Stepper
+from evalkit.model_adapters.recurrent.stepwise import drops_state_on_chunks
 from evalkit.model_adapters.softmax.adapter import load_causal_lm
 from evalkit.model_adapters.facts import hf_facts
 from evalkit.model_adapters.softmax.describe import split_path
 from evalkit.model_adapters.state_kind import StateBytes
-
-# Their full-sequence selective scan starts from a zero state (transformers' mamba_selective_scan:
-# "Initial hidden state is not supported"), so once the cache holds a state, tokens must go one
-# at a time, and a prefill must be one forward.
-ZERO_START_SCAN = frozenset({"mamba", "falcon_mamba", "jamba"})
 
 
 class RecurrentAdapter(HFBase):
@@ -35,8 +33,6 @@ class RecurrentAdapter(HFBase):
                  max_length: int | None = None, trained_length: int | None = None,
                  prefill_chunk: int = 2048,
                  extra_identity: dict | None = None) -> None:
-        from transformers import DynamicCache
-
         folder, gguf = split_path(path)
         if gguf:
             raise ValueError(f"{path}: GGUF files are read for softmax models only; convert the "
@@ -45,12 +41,10 @@ class RecurrentAdapter(HFBase):
         self._set_model(*load_causal_lm(folder, None, self.dtype,
                                         trust_remote_code=self.trust_remote_code))
         self.model_type = self.model.config.get_text_config(decoder=True).model_type
-        self._tensor_state = self.model_type == "rwkv"  # state passed as a list of tensors
-        self._dynamic_cache = DynamicCache
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._keeps_logits = "logits_to_keep" in params
-        self._stepwise = self.model_type in ZERO_START_SCAN
+        self._stepper = Stepper(self.model)
+        # Some families' multi-token forward starts its scan from zero (or rebuilds a conv tail
+        # from the chunk alone) once a state exists: found by a probe on this model, not a list.
+        self.stepwise = drops_state_on_chunks(self._stepper, self._vocab)
         facts = hf_facts(self.model.config, source=folder)
         self.max_length = int(max_length) if max_length is not None else facts.max_length
         # a recurrent config has no positional range; evalkit's own training writes the trained
@@ -65,11 +59,11 @@ class RecurrentAdapter(HFBase):
     # -- core forward
 
     def _new_cache(self) -> Any:
-        return None if self._tensor_state else self._dynamic_cache(config=self.model.config)
+        return None  # the model makes its own on the first forward (its returned cache is counted)
 
     def _pieces(self, start: int, n: int) -> list[tuple[int, int]]:
         """(offset, length) of the forwards that feed n tokens after `start` earlier ones."""
-        if self._stepwise:
+        if self.stepwise:
             if start == 0:
                 return [(0, n)] if n else []  # a prefill: one forward, from the zero state
             return [(i, 1) for i in range(n)]
@@ -83,20 +77,9 @@ class RecurrentAdapter(HFBase):
         x_all = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         outs: list[torch.Tensor] = []
         for off, q in self._pieces(start, len(ids)):
-            x = x_all[:, off: off + q]
-            kw: dict[str, Any] = {"use_cache": True}
-            if self._tensor_state:
-                kw["state"] = cache.tensors if cache is not None else None
-            else:
-                kw[self._cache_kw] = cache
-                pos0 = start + off
-                kw["position_ids"] = torch.arange(pos0, pos0 + q, device=self.device)[None]
-                if self._keeps_logits:
-                    kw["logits_to_keep"] = 0 if all_logits else 1
-            out = self.model(input_ids=x, **kw)
-            if self._tensor_state:
-                cache = TensorState(list(out.state))
-            outs.append(out.logits[0].float() if all_logits else out.logits[0, -1:].float())
+            cache, logits = self._stepper.forward(cache, x_all[:, off: off + q], start + off,
+                                                  all_logits)
+            outs.append(logits)
         logits = torch.cat(outs, dim=0)
         return cache, (logits if all_logits else logits[-1])
 
@@ -133,7 +116,13 @@ class RecurrentAdapter(HFBase):
 
     def state_bytes_at(self, n_tokens: int) -> int:
         """State bytes after `n_tokens` tokens from the config's formula (equals the measured)."""
+        from evalkit.model_adapters.recurrent.formula import state_at
+
         return state_at(self.model.config, int(n_tokens), self.dtype).total
 
     def identity(self) -> dict:
         return self._identity("recurrent-hf", model_type=self.model_type)
+
+    def describe_state(self) -> dict:
+        """How this model's state is held and fed (for `evalkit state` and the family table)."""
+        return {"stepwise_after_prefill": self.stepwise}
