@@ -211,3 +211,24 @@ def test_keep_heads_without_a_file_measures_and_records(heads_json):
     assert rec["source"] == "computed at load" and rec["selection"]["task"] == "needle"
     from evalkit.retrieval_heads import DEFAULTS
     assert rec["selection"]["samples"] == DEFAULTS["samples"]
+
+
+def test_smollm2_window_sinks_is_the_twin_reference():
+    """`smollm2-135m` with window=64,sinks=4 is the board's sink + window reference
+    (smollm2-135m-swa-w64-s4, the GLA code's attention with sinks) on real text past the
+    window: the same continuation log-probabilities and greedy text; its state holds the 67
+    keys a next query reads (the twin stores 68)."""
+    pol = load_model("smollm2-135m", window=64, sinks=4)
+    twin = load_model("smollm2-135m-swa-w64-s4")
+    text = ("Alice was beginning to get very tired of sitting by her sister on the bank, and of "
+            "having nothing to do: once or twice she had peeped into the book her sister was "
+            "reading, but it had no pictures or conversations in it, 'and what is the use of a "
+            "book,' thought Alice 'without pictures or conversations?' ") * 4
+    ids = pol.tokenizer(text)["input_ids"][:220]
+    assert len(ids) == 220
+    conts = [ids[200:201], ids[200:212]]
+    a, b = pol.prefill(ids[:200]), twin.prefill(ids[:200])
+    assert pol.score(a, conts) == pytest.approx(twin.score(b, conts), abs=1e-4)
+    assert pol.generate(a, 12) == twin.generate(b, 12)
+    per_token = pol.kv_bytes_per_token
+    assert pol.state_bytes(a) == 67 * per_token and twin.state_bytes(b) == 68 * per_token
