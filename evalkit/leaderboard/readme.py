@@ -284,8 +284,8 @@ def unanswered_notice(board: Board) -> str:
         return ""
     names = ", ".join(f"[{t}](#{t.lower()})" for t in tasks)
     return (f"**Nothing answered by generation** on {names}: every model scores 0.00 there, "
-            f"so only forced choice (the headline's right column) tells the models apart; "
-            f"why and what to do: the task's section.\n")
+            f"so only forced choice tells the models apart (its table, and the gaps' forced "
+            f"choice column); why and what to do: the task's section.\n")
 
 
 def perplexity_section(table: pd.DataFrame) -> str:
