@@ -491,3 +491,10 @@ def test_a_body_its_content_encoding_does_not_decode_is_a_malformed_answer():
         err, _ = bounded(lambda: client(srv.url).post_json("/completions", BODY))
     assert isinstance(err, ServerError) and err.cause == "bad_response", repr(err)
     assert err.attempts == srv.hits == 3 and "malformed" in str(err)
+
+
+def test_a_model_listed_twice_is_refused():
+    """Two cards under one id (two roots): which one the answers come from is a guess."""
+    with Fake(_scoring, models=[{"id": "m", "root": "a"}, {"id": "m", "root": "b"}]) as srv:
+        with pytest.raises(ServerError, match="lists m more than once"):
+            _load(srv.url)

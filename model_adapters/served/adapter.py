@@ -162,6 +162,11 @@ class ServedAdapter(AdapterBase):
         except (KeyError, TypeError):
             raise ServerError(f"{url}/models: expected an OpenAI model list "
                               f"({{data: [{{id: ...}}]}}), got {str(listing)[:200]}") from None
+        if len(entries) != len(listing["data"]):  # which card is the model's would be a guess
+            ids = [m["id"] for m in listing["data"]]
+            twice = sorted({str(i) for i in ids if ids.count(i) > 1})
+            raise ServerError(f"{url}/models: lists {', '.join(twice)[:200]} more than once; "
+                              f"expected one entry a model")
         if model is None:
             if len(entries) != 1:
                 raise ValueError(f"served: the server lists {len(entries)} models "

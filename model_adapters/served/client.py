@@ -137,7 +137,7 @@ class Client:
         self.timeout_s, self.retries = float(timeout_s), int(retries)
         self.backoff_s = float(backoff_s)
         self._headers = {"Content-Type": "application/json"}
-        self._key_env, self._key = api_key_env, None
+        self._key_env, self._key, self._forms = api_key_env, None, ()
         if api_key_env:
             key = os.environ.get(api_key_env)
             if not key:
@@ -157,7 +157,7 @@ class Client:
                                  f"redacted of it, which for so short a key would edit the "
                                  f"model's answers (a server without a key needs no "
                                  f"api_key_env)")
-            self._key = key
+            self._key, self._forms = key, _key_forms(key)
             self._headers["Authorization"] = f"Bearer {key}"
         self._turn = 0
         self._lock = threading.Lock()
@@ -191,15 +191,27 @@ class Client:
     def redact(self, text: str) -> str:
         """`text` with the API key (as sent, JSON-escaped or percent-encoded) replaced by
         REDACTED: every text from a server passes here before it is stored or printed."""
-        if not self._key or not isinstance(text, str):
+        if not self._forms or not isinstance(text, str):
             return text
-        for form in _key_forms(self._key):
+        for form in self._forms:
             text = text.replace(form, REDACTED)
         return text
 
+    def _parsed(self, data: bytes) -> Any:
+        """JSON `data` parsed and scrubbed, walking it only where the key could be in it: a
+        form of it in the bytes, or an escape (\\u...; \\/ for a key with a /) that could
+        spell it otherwise. Answers of 100k prompt_logprobs rows are not walked for nothing."""
+        obj = json.loads(data)
+        if not self._forms:
+            return obj
+        if (any(f.encode() in data for f in self._forms) or b"\\u" in data
+                or ("/" in self._key and b"\\/" in data)):
+            return self._scrub(obj)
+        return obj
+
     def _scrub(self, obj: Any) -> Any:
         """A parsed JSON answer with every string (keys too) redacted of the key."""
-        if not self._key:
+        if not self._forms:
             return obj
         if isinstance(obj, str):
             return self.redact(obj)
@@ -407,7 +419,7 @@ class Client:
         async with self._open(i, method, path, body, trace, base) as r:
             data = await r.aread()
         try:
-            parse = lambda: self._scrub(json.loads(data))
+            parse = lambda: self._parsed(data)
             if len(data) < LOOP_PARSE_BYTES:
                 return parse()
             # a large answer (prompt_logprobs of long prompts) is parsed off the loop, which
