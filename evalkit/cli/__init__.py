@@ -38,7 +38,16 @@ def csv_list(cast):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="evalkit", description="Measure what a fixed-state recurrent language model forgets.")
+        prog="evalkit", description="Measure what a fixed-state recurrent language model forgets.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="lm-eval both ways:\n"
+               "  evalkit run --models M --lm-eval-tasks niah_single_1 --lengths 1024 ...\n"
+               "      lm-eval's tasks on evalkit models, published with `evalkit publish`\n"
+               "  evalkit lm-eval-export --tasks needle --tokenizer M --out DIR\n"
+               "  evalkit-lm-eval run --model evalkit --model_args name=M --include_path DIR "
+               "--tasks evalkit_needle\n"
+               "      evalkit's tasks in lm-eval: evalkit-lm-eval is lm-eval's own command line "
+               "with evalkit's\n      models registered (--model evalkit --model_args name=M)")
     from evalkit import __version__
 
     parser.add_argument("--version", action="version", version=f"evalkit {__version__}")

@@ -17,7 +17,9 @@ def add_parser(sub) -> None:
     p.add_argument("--loads", type=csv_list(int))
     p.add_argument("--samples", type=int)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tokenizer", required=True, help="tokenizer folder or tokenizer.json")
+    p.add_argument("--tokenizer", required=True,
+                   help="a registered model's name (its tokenizer: recall-gla-tiny, "
+                        "smollm2-135m), a tokenizer folder or a tokenizer.json")
     p.add_argument("--out", required=True, help="probes.jsonl to write")
     p.add_argument("--dataset", help="also save a datasets.Dataset here (save_to_disk)")
     p.add_argument("--parquet", help="also write the probes as a parquet file")
@@ -32,9 +34,9 @@ def probe_row(probe) -> dict:
 
 
 def run(args) -> int:
-    from evalkit.tokenization import load_tokenizer
+    from evalkit.cli.tokenizer_arg import tokenizer_from_arg
 
-    tok = load_tokenizer(args.tokenizer)
+    tok = tokenizer_from_arg(args.tokenizer)
     spec = discover(args.include).get(args.task)
     points = grid(spec, lengths=args.lengths, depths=args.depths, loads=args.loads,
                   samples=args.samples, seed=args.seed)

@@ -19,8 +19,9 @@ def add_parser(sub) -> None:
                        help="write evalkit tasks as an lm-eval include path (YAML + jsonl data)")
     p.add_argument("--tasks", type=csv_list(str), required=True, help="comma-separated task names")
     p.add_argument("--tokenizer", required=True,
-                   help="tokenizer folder or tokenizer.json of the model to evaluate "
-                        "(lengths are in its tokens)")
+                   help="the tokenizer of the model to evaluate (lengths are in its tokens): "
+                        "a registered model's name (recall-gla-tiny, smollm2-135m), a "
+                        "tokenizer folder or a tokenizer.json")
     p.add_argument("--lengths", type=csv_list(int))
     p.add_argument("--depths", type=csv_list(float))
     p.add_argument("--loads", type=csv_list(int))
@@ -39,15 +40,23 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from evalkit.cli.tokenizer_arg import tokenizer_from_arg
     from evalkit.lm_eval.export import export_tasks
 
-    manifest = export_tasks(args.tasks, args.out, tokenizer=args.tokenizer, lengths=args.lengths,
+    tokenizer = tokenizer_from_arg(args.tokenizer)
+    manifest = export_tasks(args.tasks, args.out, tokenizer=tokenizer, lengths=args.lengths,
                             depths=args.depths, loads=args.loads, samples=args.samples,
                             seed=args.seed, include_paths=args.include, choice=not args.no_choice,
                             stop=args.stop)
     for entry in manifest["tasks"].values():
         for name, info in entry["lm_eval_tasks"].items():
             print(f"{name}: {info['docs']} docs ({info['output_type']})")
-    print(f"include path: {Path(args.out).expanduser().resolve()}  "
-          f"(lm_eval run --include_path ... --tasks evalkit_<task>)")
+    out = Path(args.out).expanduser().resolve()
+    first = f"evalkit_{args.tasks[0]}".replace("-", "_").replace(".", "_")
+    model = args.tokenizer if not Path(args.tokenizer).expanduser().exists() else "MODEL"
+    print(f"include path: {out}\n"
+          f"run it: evalkit-lm-eval run --model evalkit --model_args name={model} "
+          f"--include_path {out} --tasks {first}\n"
+          f"(--tasks {first} runs every length by generation and, where the questions have "
+          f"candidates, by forced choice; {first}_choice runs forced choice only)")
     return 0

@@ -16,8 +16,9 @@ TRIAL_SAMPLES = 2
 def add_parser(sub) -> None:
     p = sub.add_parser("validate", help="check task YAML files (and generate trial probes)")
     p.add_argument("paths", nargs="+", help="task YAML files or folders of them")
-    p.add_argument("--tokenizer", help="tokenizer folder for the trial generation "
-                                       "(default: the shipped tiny tokenizer)")
+    p.add_argument("--tokenizer", help="a registered model's name or a tokenizer folder for "
+                                       "the trial generation (default: the shipped tiny "
+                                       "tokenizer)")
     p.set_defaults(func=run)
 
 
@@ -37,11 +38,11 @@ def task_files(paths: list[str]) -> list[Path]:
 
 
 def run(args) -> int:
+    from evalkit.cli.tokenizer_arg import tokenizer_from_arg
     from evalkit.model_adapters.reference import DEFAULT_TOKENIZER
-    from evalkit.tokenization import load_tokenizer
 
     files = task_files(args.paths)
-    tok = load_tokenizer(args.tokenizer or DEFAULT_TOKENIZER)
+    tok = tokenizer_from_arg(args.tokenizer or DEFAULT_TOKENIZER)
     failed = 0
     for f in files:
         try:

@@ -10,15 +10,17 @@ For every task and length the folder gets (L = target length in the tokenizer's 
 - evalkit_<task>_<L>.yaml: a generate_until task answered as evalkit's runner answers it: greedy,
   each question's own token budget (max_new_tokens) and stop strings -- set per doc by
   utils.EvalkitGenerateTask -- scored in process_results by every generation metric
-  registered in evalkit.scoring.
+  registered in evalkit.scoring that applies to the task's question kinds (so a needle task
+  reports no mqar_accuracy, which applies to MQAR's queries only).
   Stop strings: `stop` if given (match the run's generation.stop), else a probe's own
   meta.extra "stop", else the built-in tasks' convention evalkit.render.ANSWER_STOP
   ("\\n", "."): every fact ends with "." right after its value.
 - evalkit_<task>_choice_<L>.yaml (tasks whose questions carry candidates): the same prompts as
   lm-eval multiple_choice over " " + candidate, scored by the registered forced-choice metrics
   (evalkit's forced_choice counts ties as wrong, unlike lm-eval's acc).
-- tags: evalkit_<task> (every length), evalkit_<task>_choice, and evalkit (everything), so
-  `--tasks evalkit_needle` runs all exported lengths, each reported as its own task.
+- tags: evalkit_<task> (every length, generation and forced choice), evalkit_<task>_choice
+  (forced choice only), and evalkit (everything), so `--tasks evalkit_needle` runs all
+  exported lengths both ways, each reported as its own task.
 - utils.py: a copy of evalkit/lm_eval/include/utils.py (the YAMLs' `!function`s).
 - evalkit_export.json: what was exported (tokenizer hash, grid, task config hashes, counts,
   the metrics utils.py computes) and the sha256 of every file the export wrote.
@@ -96,20 +98,26 @@ def _yaml_dump(obj: dict, function_keys: Sequence[str] = ()) -> str:
     return text
 
 
-def _metric_list(kind: str) -> list[dict]:
+def metrics_for(kind: str, question_kinds: Sequence[str]) -> list[Any]:
+    """The registered metrics of `kind` that apply to any of the questions' kinds (what
+    utils.py computes for them)."""
+    return [m for m in scoring.of_kind(kind) if any(m.applies_to(q) for q in question_kinds)]
+
+
+def _metric_list(kind: str, question_kinds: Sequence[str]) -> list[dict]:
     return [{"metric": m.name, "aggregation": "mean", "higher_is_better": m.higher_is_better}
-            for m in scoring.of_kind(kind)]
+            for m in metrics_for(kind, question_kinds)]
 
 
 def _gen_task_yaml(name: str, tags: list[str], data: Path, max_gen: int, until: list[str],
-                   meta: dict) -> str:
+                   meta: dict, question_kinds: Sequence[str]) -> str:
     cfg = {
         "task": name, "tag": tags, "class": "__fn__",
         "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
         "test_split": "test", "output_type": "generate_until",
         "doc_to_text": "prompt", "doc_to_target": "{{gold[0]}}",
         "process_results": "__fn__",
-        "metric_list": _metric_list(scoring.GENERATION),
+        "metric_list": _metric_list(scoring.GENERATION, question_kinds),
         "generation_kwargs": {"until": until, "max_gen_toks": max_gen,
                               "do_sample": False, "temperature": 0.0},
         "repeats": 1, "num_fewshot": 0, "metadata": meta,
@@ -118,7 +126,8 @@ def _gen_task_yaml(name: str, tags: list[str], data: Path, max_gen: int, until: 
         "class: __fn__", "class: !function utils.EvalkitGenerateTask")
 
 
-def _choice_task_yaml(name: str, tags: list[str], data: Path, meta: dict) -> str:
+def _choice_task_yaml(name: str, tags: list[str], data: Path, meta: dict,
+                      question_kinds: Sequence[str]) -> str:
     cfg = {
         "task": name, "tag": tags,
         "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
@@ -126,7 +135,7 @@ def _choice_task_yaml(name: str, tags: list[str], data: Path, meta: dict) -> str
         "doc_to_text": "prompt", "doc_to_choice": "candidates", "doc_to_target": 0,
         "target_delimiter": " ",  # continuations are " " + value, as evalkit scores them
         "process_results": "__fn__",
-        "metric_list": _metric_list(scoring.FORCED_CHOICE),
+        "metric_list": _metric_list(scoring.FORCED_CHOICE, question_kinds),
         "num_fewshot": 0, "metadata": meta,
     }
     return _yaml_dump(cfg, ["process_results"]).replace(
@@ -231,13 +240,14 @@ def export_tasks(tasks: Sequence[str], out_dir: str | Path, *, tokenizer: Any,
                     "tokenizer_hash": manifest["tokenizer_hash"], "seed": seed}
             name = f"{base}_{length}"
             max_gen = max(d["max_new_tokens"] for d in docs)
+            kinds = sorted({d["kind"] for d in docs})
             files[f"{name}.yaml"] = _gen_task_yaml(name, [base, "evalkit"], out / data, max_gen,
-                                                   docs[0]["stop"], meta)
+                                                   docs[0]["stop"], meta, kinds)
             entry["lm_eval_tasks"][name] = {"docs": len(docs), "output_type": "generate_until"}
             if choice and all(len(d["candidates"]) >= 2 for d in docs):
                 cname = f"{base}_choice_{length}"
-                files[f"{cname}.yaml"] = _choice_task_yaml(cname, [f"{base}_choice", "evalkit"],
-                                                           out / data, meta)
+                files[f"{cname}.yaml"] = _choice_task_yaml(
+                    cname, [base, f"{base}_choice", "evalkit"], out / data, meta, kinds)
                 entry["lm_eval_tasks"][cname] = {"docs": len(docs),
                                                  "output_type": "multiple_choice"}
         manifest["tasks"][spec.name] = entry

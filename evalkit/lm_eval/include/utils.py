@@ -32,10 +32,13 @@ class EvalkitGenerateTask(ConfigurableTask):
 
 
 def process_results(doc, results):
-    return {m.name: m.fn(results[0], doc["gold"]) for m in GENERATION}
+    # only the metrics that apply to the question's kind (mqar_accuracy: MQAR's queries), as
+    # the task's metric_list lists them
+    return {m.name: m.fn(results[0], doc["gold"]) for m in GENERATION
+            if m.applies_to(doc["kind"])}
 
 
 def process_results_choice(doc, results):
     # multiple_choice results: one (loglikelihood, is_greedy) per candidate, gold first
     lls = [r[0] if isinstance(r, (list, tuple)) else r for r in results]
-    return {m.name: m.fn(lls) for m in FORCED_CHOICE}
+    return {m.name: m.fn(lls) for m in FORCED_CHOICE if m.applies_to(doc["kind"])}
