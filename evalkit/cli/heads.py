@@ -58,6 +58,10 @@ def run(args) -> int:
     for f in (out, png):
         if f.exists():
             raise ValueError(f"{f} exists; evalkit heads does not overwrite (remove it first)")
+    if args.samples < 1:  # before loading a model: a typo costs no minute
+        raise ValueError(f"--samples must be >= 1 probe per (length, depth), got {args.samples}")
+    if not args.lengths or min(args.lengths) < 1 or not args.depths:
+        raise ValueError("--lengths needs positive token counts and --depths at least one depth")
     t0 = time.time()
     adapter = load_model(args.model, **args.model_args)
     if not isinstance(adapter, SoftmaxAdapter):
