@@ -70,3 +70,27 @@ def test_runs_scored_before_the_metric_existed_get_it_from_their_answers(tmp_pat
         else:
             assert row[SCORE_PREFIX + "word_match"] != row[SCORE_PREFIX + "word_match"]  # NaN
     assert n > 100
+
+
+def test_a_task_that_declares_its_metric_keeps_it_on_the_board():
+    """lm-eval's RULER tasks declare RULER's metric (results.json lm_eval.board.tasks[...]
+    ["metric"], read by load as task_metric): the board's recall there stays RULER's substring
+    match, for parity; evalkit's own tasks get word_match."""
+    import pandas as pd
+
+    from evalkit.leaderboard.tables import choose_primary
+    from evalkit.lm_eval.rows import task_entry
+
+    assert task_entry("niah_single_1", "1", {}, "0.4.13", "string_match_all")["metric"] == \
+        "string_match_all"
+    assert "metric" not in task_entry("gsm8k", "1", {}, "0.4.13")
+    rows = []
+    for task, own in (("niah_single_1", "string_match_all"), ("needle", "")):
+        pred, gold = " 1522", ["15"]
+        scores = scoring.score_sample(pred, gold)
+        rows.append({"task_label": task, "task_metric": own, "scored": True,
+                     **{f"score.{m}": v for m, v in scores.items()}})
+    df = pd.DataFrame(rows)
+    assert choose_primary(df) == {"niah_single_1": "string_match_all", "needle": "word_match"}
+    assert choose_primary(df, "exact_match") == {"niah_single_1": "exact_match",
+                                                 "needle": "exact_match"}

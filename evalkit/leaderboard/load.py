@@ -218,6 +218,7 @@ def _frame(rows: list[dict], spath: Path, tasks: dict[str, dict],
         d["candidate_logprobs"] = tuple(r.get("candidate_logprobs") or ())  # served drift
         d["task_version"] = str(d["task_version"])
         d["task_config_hash"] = tasks[t]["config_hash"]
+        d["task_metric"] = str(tasks[t].get("metric") or "")  # a task's own recall (RULER's)
         d["line"] = r["_line"]
         # one definition of a cell's numbers (evalkit.cell_stats): what counts, and the time
         d["scored"] = counted(r.get("error"), r.get("flag"))

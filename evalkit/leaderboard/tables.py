@@ -88,7 +88,9 @@ def cell_rows(samples: pd.DataFrame) -> pd.DataFrame:
 
 
 def choose_primary(samples: pd.DataFrame, override: str | None = None) -> dict[str, str]:
-    """task_label -> primary metric; `override` where the task has it."""
+    """task_label -> primary metric: `override` where the task has it, else the task's own
+    metric where it declares one (lm-eval's RULER tasks keep RULER's substring match, for
+    parity), else the first of scoring.recall_preference() it has."""
     metrics = metric_columns(samples)
     if override is not None:
         if not scoring.get(override).higher_is_better:
@@ -100,7 +102,10 @@ def choose_primary(samples: pd.DataFrame, override: str | None = None) -> dict[s
     out = {}
     for label, g in samples[samples["scored"]].groupby("task_label"):
         present = [m for m in metrics if g[SCORE_PREFIX + m].notna().any()]
-        order = ([override] if override else []) + scoring.recall_preference() + sorted(present)
+        # a task's own metric (an lm-eval RULER task's string_match_all, load's task_metric)
+        own = sorted(set(g["task_metric"]) - {""}) if "task_metric" in g else []
+        order = (([override] if override else []) + own + scoring.recall_preference()
+                 + sorted(present))
         out[label] = next((m for m in order if m in present), "")
     for label in samples["task_label"].unique():
         out.setdefault(label, "")  # nothing scored at all

@@ -106,11 +106,14 @@ def doc_rows(task_name: str, task: Any, records: Sequence[dict], *, model: str,
     return rows, None
 
 
-def task_entry(task_name: str, version: str, config: dict, lm_eval_version: str) -> dict:
-    """results.json's description of an lm-eval task, in the shape of evalkit's tasks."""
+def task_entry(task_name: str, version: str, config: dict, lm_eval_version: str,
+               metric: str | None = None) -> dict:
+    """results.json's description of an lm-eval task, in the shape of evalkit's tasks; `metric`:
+    the task's own metric (RULER's), which the board then uses as its recall, for parity."""
     return {"version": version,
             "config_hash": hashlib.sha256(canonical_json(config).encode()).hexdigest(),
-            "source": f"lm-eval {lm_eval_version}: {task_name}"}
+            "source": f"lm-eval {lm_eval_version}: {task_name}",
+            **({"metric": metric} if metric else {})}
 
 
 def write_rows(folder: Path, rows: list[dict], tasks: dict[str, dict]) -> dict | None:

@@ -48,7 +48,7 @@ from evalkit.formatting import slug
 from evalkit.lm_eval.quiet import quiet_git, no_bars
 from evalkit.probe import canonical_json
 from evalkit.code_version import code_hash
-from evalkit.lm_eval.rows import doc_rows, task_entry, write_rows
+from evalkit.lm_eval.rows import doc_rows, ruler_metric, task_entry, write_rows
 from evalkit.runner.provenance import identity_hash, jsonable
 
 
@@ -293,7 +293,7 @@ def _evaluate(lm: Any, tasks: LmEvalTasks, manager: Any, model: str, task: str, 
         if got:
             board["rows"].extend(got)
             board["tasks"][name] = task_entry(name, version, _plain(res["configs"][name]),
-                                              lm_eval.__version__)
+                                              lm_eval.__version__, ruler_metric(built[name]))
     entry.update({"empty_gold": done["empty_gold"],
                   "empty_gold_lines": [empty_gold_line(model, name, r)
                                        for name, r in done["empty_gold"].items()],
