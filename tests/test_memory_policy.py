@@ -232,3 +232,19 @@ def test_smollm2_window_sinks_is_the_twin_reference():
     assert pol.generate(a, 12) == twin.generate(b, 12)
     per_token = pol.kv_bytes_per_token
     assert pol.state_bytes(a) == 67 * per_token and twin.state_bytes(b) == 68 * per_token
+
+
+def test_keep_heads_scores_batched_as_one_by_one(heads_json):
+    """Continuations scored as one batch on a shared policy cache = each alone."""
+    opts = dict(window=16, sinks=2, keep_heads=4, heads=str(heads_json[0]))
+    batched, single = load_model(TINY, **opts), load_model(TINY, score_batch=1, **opts)
+    ids = _ids(400, seed=6)
+    conts = [ids[300:330], ids[300:302], ids[310:311], ids[320:345]]
+    a = batched.score(batched.prefill(ids[:300]), conts)
+    b = single.score(single.prefill(ids[:300]), conts)
+    assert a == pytest.approx(b, abs=1e-4)
+    # and each equals its own fresh prefill's log-probabilities
+    for c, got in zip(conts[:2], a):
+        fresh = sum(torch.log_softmax(single.prefill(ids[:300] + c[:j]).logits, -1)[c[j]].item()
+                    for j in range(len(c)))
+        assert got == pytest.approx(fresh, abs=1e-3)

@@ -26,12 +26,25 @@ travel up to n_layers * W tokens through the layers, as in any sliding-window mo
 ids keep growing, so RoPE positions stay absolute. Window mode needs a model whose layers are
 all full attention, with the sdpa or eager attention implementation (a custom 4-D mask is used).
 
+Memory policies (the twins' window, any softmax model)
+-----------------------------------------------------
+`window=W,sinks=S` gives every KV head the twins' attention: the first S tokens and the last W
+(the query counted), so `load_model("smollm2-135m", window=64, sinks=4)` is the board's
+smollm2-135m-swa-w64-s4 reference (tests/test_memory_policy.py). Note the two meanings of W:
+with `sinks` (or `keep_heads`) it is the twins' window; alone, or with `sink`, the KV budget
+above. `keep_heads=K` keeps the K best KV heads by retrieval score whole and bounds the rest
+(DuoAttention); the scores come from `heads=FILE` (an `evalkit heads` record of the same
+weights) or are measured at load with the selection defaults and recorded in the identity.
+State bytes are what each head keeps (whole heads: every token; bounded: at most S + W - 1).
+Module `policy`; the record's format: `heads_file`.
+
 Length limit: the model never processes a token at a position >= max_length (default: the
 config's max_position_embeddings); a prompt, extension, scored continuation or generation that
 would need one raises instead of being cut.
 
 Modules: `adapter` (SoftmaxAdapter and the "hf" loader), `kv_cache` (cache copies, byte
-accounting, window mask and eviction), `describe` (figures from a config, no weights).
+accounting, window mask and eviction), `policy` (memory policies), `heads_file` (retrieval-heads
+records), `describe` (figures from a config, no weights).
 """
 from evalkit.model_adapters.softmax.adapter import SoftmaxAdapter
 from evalkit.model_adapters.softmax.describe import describe_checkpoint, describe_row
