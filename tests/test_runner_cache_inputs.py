@@ -244,3 +244,24 @@ def test_a_same_size_overwrite_with_the_mtime_put_back_is_hashed_again(tmp_path,
     new = hashlib.sha256(b"b" * 4096).hexdigest()
     assert weights.file_sha256(f) == new
     assert fresh_process() == new
+
+
+# -- beyond the list: a checkpoint's config.json, by content -------------------------------------
+
+def test_a_checkpoints_config_is_keyed_by_content_not_by_its_folder(tmp_path):
+    """The weights' hash is in every identity, the config.json beside them was not: an edited
+    config (another epsilon, rope, window: other scores from the same weights) kept the model
+    hash, and so the cached samples. The same folder in two places is still one model, and a
+    served URL never enters the hash."""
+    from evalkit.model_adapters.embedded import TINY_DIR
+    from evalkit.runner.run import model_hash
+
+    ident = {"name": "m", "weights_hash": "w"}  # the adapter's part, fixed here
+    a, b = (shutil.copytree(TINY_DIR / "recall-mamba2-tiny", tmp_path / w / "ckpt",
+                            ignore=shutil.ignore_patterns("*.safetensors")) for w in "ab")
+    assert model_hash(f"hf:{a}", ident, {}) == model_hash(f"hf:{b}", ident, {})
+    cfg = b / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "layer_norm_epsilon": 1e-3}))
+    assert model_hash(f"hf:{a}", ident, {}) != model_hash(f"hf:{b}", ident, {})
+    served = [model_hash(f"served:http://127.0.0.1:{port}/v1", ident, {}) for port in (1, 2)]
+    assert served[0] == served[1]

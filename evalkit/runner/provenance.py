@@ -92,13 +92,26 @@ def code_key(owners: list[str]) -> dict[str, Any]:
     return {"evalkit": code_hash(), "user": code_of(owners), "packages": package_versions()}
 
 
-def identity_hash(identity: dict, options: dict | None = None) -> str:
+def identity_hash(identity: dict, options: dict | None = None,
+                  files: dict | None = None) -> str:
     """Hash of what makes a model's results distinct: its identity plus the load options, an
     option that names a file or folder keyed by what it holds (option_content), never by
     where it lies: the same tokenizer folder in two clones (or two users' caches) is one model,
-    and a folder edited in place is another."""
-    doc = {"identity": identity, "options": option_content(jsonable(options or {}))}
+    and a folder edited in place is another. `files`: the content of the files the model was
+    built from beyond its weights (path_content of its checkpoint folder and config.json: an
+    edited config.json changes the scores with the same weights)."""
+    doc = {"identity": identity, "options": option_content(jsonable(options or {})),
+           **({"files": files} if files else {})}
     return hashlib.sha256(canonical_json(doc).encode()).hexdigest()
+
+
+def path_content(value: Any) -> dict | None:
+    """The content of the file or folder `value` names (option_content's form), or None when
+    it names none (a URL, a registered name): a location never enters a hash."""
+    if value is None:
+        return None
+    content = option_content(str(value) if os.sep in str(value) else f".{os.sep}{value}")
+    return content if isinstance(content, dict) else None
 
 
 def option_content(value: Any) -> Any:

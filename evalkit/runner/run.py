@@ -115,7 +115,7 @@ class _Session:
             raise SuiteError(f"{self.resolved.source}: model {m.name!r} ({m.spec}): "
                              f"{e}") from e
         identity = provenance.jsonable(check_identity(dict(adapter.identity()), m.spec))
-        mhash = provenance.identity_hash(identity, m.options)
+        mhash = model_hash(m.spec, identity, m.options)
         # the adapter's kind, measured from its cache at load (hf adapters), never the
         # registry's static state_kind; each sample then records its own measured state
         kind = str(adapter.state_kind)
@@ -358,6 +358,19 @@ class _Session:
                 execute(run, plan, emit, batch_size=self.resolved.suite.batch_size)
         finally:
             bar.close()
+
+
+def model_hash(spec: str, identity: dict, options: dict) -> str:
+    """A model's hash: its identity, its options and the files it was built from by content
+    (the identity holds the weights' hash, not the checkpoint's config.json, which changes the
+    scores with the same weights): a NAME:PATH or path spec's folder, a registered model's
+    config. Never a location: a served URL names no file, and a folder in two clones is one."""
+    from evalkit.model_adapters.models import resolve_spec
+
+    info, where = resolve_spec(spec)
+    files = {k: c for k, c in (("checkpoint", provenance.path_content(where)),
+                               ("config", provenance.path_content(info.config))) if c is not None}
+    return provenance.identity_hash(identity, options, files)
 
 
 def check_distinct_models(resolved: ResolvedSuite) -> None:
