@@ -287,7 +287,13 @@ class _Session:
         # only what failed or was cut off would put those requests under a lighter load
         # than the label says (the review: 10 timeouts of 16 at poisson:10/s vanished on
         # --resume, sent alone), and a union of two invocations is not one load.
-        if self.cache.schedule_done(part) and self._reuse_whole(run, material, todo):
+        hits = self._whole(run, material, todo) if self.cache.schedule_done(part) else None
+        # every rank's part from the cache, or every rank offers its part again: one rank
+        # sending alone would meet a lighter load than the schedule's
+        everywhere = self.dist.gather(hits is not None)
+        if self.dist.broadcast(everywhere is not None and all(everywhere)):
+            self.samples += hits
+            self.cached += len(hits)
             return
         when = [due[key(it)] for it in todo]
         if self.dist.is_main:
@@ -313,19 +319,18 @@ class _Session:
                   f"they count as measured. A resume (or a run sharing this cache) offers the "
                   f"whole schedule again, never the failed requests alone", file=sys.stderr)
 
-    def _reuse_whole(self, run: ModelRun, material: dict, todo: list[Request]) -> bool:
-        """Every sample of a finished schedule part from the cache, or none (False: an entry
-        is gone or fails its check, so the part is offered again)."""
+    def _whole(self, run: ModelRun, material: dict, todo: list[Request]
+               ) -> list[tuple[tuple, dict]] | None:
+        """Every sample of a finished schedule part from the cache, or None (an entry is gone
+        or fails its check, so the part is offered again)."""
         hits = []
         for item in todo:
             hit = self.cache.get(self.cache.key(material, item.probe.hash, item.qi))
             if hit is None:
-                return False
+                return None
             hit.model = run.name
             hits.append((item.order, hit.to_dict()))
-        self.samples += hits
-        self.cached += len(hits)
-        return True
+        return hits
 
     def run_items(self, run: ModelRun, todo: list[Request], desc: str, material: dict,
                   due: list[float] | None = None) -> None:
