@@ -203,3 +203,13 @@ def test_stepwise_feeding_is_found_by_the_probe(family):
         assert a.stepwise
     if mt in ("mamba2", "bamba", "qwen3_next", "lfm2"):
         assert not a.stepwise
+
+
+def test_memory_matched_baseline_gets_the_fixed_part(family):
+    """`match_state_of=hf:DIR` works for every family: a hybrid's fixed part only, a conv-only
+    family's conv tails; measured on a random model of the config, equal to the loaded one's."""
+    from evalkit.model_adapters.state_match import matched_state_bytes
+
+    mt, folder, a = family
+    fixed = a.state_parts(a.prefill(list(range(3, 11)))).fixed
+    assert matched_state_bytes(f"hf:{folder}") == fixed > 0, mt
