@@ -31,6 +31,8 @@ def test_an_lm_eval_only_run_publishes_its_documents(tmp_path):
                    cwd=tmp_path)  # not a git checkout
     assert proc.returncode == 0, proc.stderr[-3000:]
     err = proc.stderr
+    assert f"2 documents with their answers and scores in {run}/lm_eval/samples.jsonl" in \
+        proc.stdout, proc.stdout
     assert "fatal: not a git repository" not in err
     assert "No aggregation function defined" not in err
     assert "it/s]" not in err and "s/it]" not in err and "Generating synthetic" not in err, err
@@ -90,3 +92,12 @@ def test_limit_is_applied_before_ruler_builds_its_documents():
     capped, full = docs(2), docs(None)
     assert len(capped) == 2 and len(full) > 400  # 500 made, less those that did not fit
     assert capped == full[:2]
+
+
+def test_no_progress_silences_the_libraries_bars_too(tmp_path):
+    """transformers drew its "Loading weights" bar for a softmax model under --no-progress."""
+    proc = evalkit("run", "--models", "recall-softmax-tiny", "--tasks", "needle", "--lengths",
+                   "256", "--depths", "0.5", "--loads", "1", "--samples", "1", "--no-progress",
+                   "--output", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "it/s]" not in proc.stderr and "Loading weights" not in proc.stderr, proc.stderr

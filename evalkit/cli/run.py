@@ -276,10 +276,13 @@ def _run(args) -> int:
     old = None
     if threading.current_thread() is threading.main_thread():
         old = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        out = run_suite(resolved, output=resume_dir or args.output, resume=resume_dir is not None,
-                        runs_root=args.runs_dir, progress=not args.no_progress, argv=sys.argv,
-                        shard=part)
+    from evalkit.lm_eval.quiet import no_bars
+
+    try:  # --no-progress: no bar at all, the libraries' too (transformers' weight loading)
+        with no_bars(args.no_progress):
+            out = run_suite(resolved, output=resume_dir or args.output,
+                            resume=resume_dir is not None, runs_root=args.runs_dir,
+                            progress=not args.no_progress, argv=sys.argv, shard=part)
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
@@ -299,6 +302,10 @@ def _run(args) -> int:
               f"(model, task) pairs scored ({lm['reused']} read back from an earlier "
               f"invocation); results in {out.run_dir}/lm_eval/ "
               f"(and under 'lm_eval' in results.json)")
+        if lm.get("board"):  # evalkit.lm_eval.rows: what `evalkit publish` puts on the board
+            print(f"evalkit run: lm-eval: {lm['board']['rows']} documents with their answers "
+                  f"and scores in {out.run_dir}/{lm['board']['samples']}, published beside "
+                  f"the other tasks by `evalkit publish {out.run_dir} --to DIR`")
         for line in lm["problems"]:  # failed pairs, documents left out for an empty gold list
             print(f"evalkit run: {line}", file=sys.stderr)
     print(f"evalkit run: wrote {out.run_dir}/results.json and samples.jsonl")

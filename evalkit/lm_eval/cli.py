@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"removed {removed}" if removed else f"no {PTH_NAME} in {site_packages()}")
         return 0
     import evalkit.lm_eval.bridge  # noqa: F401  -- registers "evalkit"
+    from evalkit.lm_eval.quiet import quiet_git
     from evalkit.lm_eval.run import supply_tokenizer
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def command() -> None:
         supply_tokenizer(args)
-        parser.execute(args)
+        with quiet_git():  # lm-eval's `git describe` outside a checkout: no "fatal:" line
+            parser.execute(args)
 
     # an unknown model or task, a bad model option: one line and exit 2, as from `evalkit run`
     return guarded("evalkit-lm-eval", command)
