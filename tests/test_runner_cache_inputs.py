@@ -265,3 +265,21 @@ def test_a_checkpoints_config_is_keyed_by_content_not_by_its_folder(tmp_path):
     assert model_hash(f"hf:{a}", ident, {}) != model_hash(f"hf:{b}", ident, {})
     served = [model_hash(f"served:http://127.0.0.1:{port}/v1", ident, {}) for port in (1, 2)]
     assert served[0] == served[1]
+
+
+def test_a_resume_after_a_folder_the_model_names_was_edited_is_refused(tmp_path):
+    """The tokenizer folder an option names, edited between the run and its resume (a field
+    the tokenizer's own hash does not read): its samples would mix two models, so the resume
+    is refused, saying what kind of change it was."""
+    import pytest
+
+    from evalkit.runner.suite import SuiteError
+    from runner_support import build_tokenizer, run as run_in_process, suite_dict
+
+    tok = build_tokenizer(tmp_path / "tok")
+    suite = suite_dict(tok, lengths=[64], depths=[0.5], loads=[1], samples=1)
+    assert run_in_process(suite, tmp_path / "r").failed == 0
+    cfg = tok / "tokenizer_config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "model_max_length": 77}))
+    with pytest.raises(SuiteError, match="a folder an option names, was edited"):
+        run_in_process(suite, tmp_path / "r", resume=True)

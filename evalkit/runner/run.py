@@ -172,7 +172,10 @@ class _Session:
         fields = sorted(k for k in (set(identity) | set(before)) - skip
                         if identity.get(k) != before.get(k))
         shown = "; ".join(f"{k}: {_short(before.get(k))} -> {_short(identity.get(k))}"
-                          for k in fields[:4]) or "its identity hash"
+                          for k in fields[:4]) or (
+            "the content of a file or folder it was built from: its config.json, or a folder "
+            "an option names, was edited, or the run was started by an evalkit that hashed "
+            "models otherwise")
         raise SuiteError(f"cannot resume {self.path}: model {m.name!r} ({m.spec}) is not the "
                          f"model this run started with ({shown}); its finished samples would "
                          f"mix two models. Start a new run (another --output) for this one")
