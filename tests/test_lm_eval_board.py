@@ -59,6 +59,8 @@ def test_an_lm_eval_only_run_publishes_its_documents(tmp_path):
         [row] = [r for r in csv.DictReader(f) if r["task"] == "niah_single_1"]
     assert row["model"] == "recall-gla-tiny" and row["target_length"] == "512"
     assert row["n"] == "2" and float(row["string_match_all"]) == mean
+    # one model on the board: the rows carry the run's hash of it, as its own samples would
+    assert row["model_hash"] == results["models"]["recall-gla-tiny"]["hash"]
     lo, hi = float(row["string_match_all_lo"]), float(row["string_match_all_hi"])
     assert 0 <= lo <= mean <= hi <= 1 and hi > lo  # the board's interval over the 2 documents
 

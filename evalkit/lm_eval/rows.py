@@ -140,7 +140,8 @@ def board_part(run_dir: Path, results: dict,
     """The lm-eval rows a finished run holds (results.json "lm_eval" -> "board"), checked
     against the sha256 results.json records and read with `read` (the board's sample
     reader); None when it has none. A row names its model as lm-eval ran it (the model
-    spec): it gets the run's name for the model of the same hash."""
+    spec): it gets the run's name and hash for the model of that spec (the runner's hash holds
+    more than the identity, e.g. the content of the model's config file)."""
     board = ((results.get("lm_eval") or {}) if isinstance(results, dict) else {}).get("board")
     if board is None:
         return None
@@ -157,9 +158,13 @@ def board_part(run_dir: Path, results: dict,
         raise ValueError(f"{path}: not the file the run wrote (gone, or its sha256 differs from "
                          f"{where}.sha256): corrupt or hand-edited; rebuild it with "
                          f"`evalkit run --resume {run_dir}`")
-    names = {m.get("hash"): name for name, m in (results.get("models") or {}).items()
-             if isinstance(m, dict)}
+    by_spec: dict[str, list[tuple[str, str]]] = {}
+    for name, m in (results.get("models") or {}).items():
+        if isinstance(m, dict) and isinstance(m.get("spec"), str):
+            by_spec.setdefault(m["spec"], []).append((name, str(m.get("hash"))))
     rows = read(path)
     for r in rows:
-        r["model"] = names.get(r["model_hash"], r["model"])
+        found = by_spec.get(r["model"], [])
+        if len(found) == 1:  # one run model of that spec: the rows are its rows
+            r["model"], r["model_hash"] = found[0]
     return BoardPart(path, rows, board["tasks"])
