@@ -4,7 +4,7 @@ built as a tiny random model (model_adapters/recurrent/tiny_configs.py), saved, 
 
 (a) evalkit's bytes = an independent walk of every floating-point tensor the returned cache
     object holds (and the tensors the model leaves on its modules where it returns none), at two
-    lengths and at bf16; the config formula (the second figure) agrees, role by role;
+    lengths at fp32 and the longer at bf16; the config formula (the second figure) agrees, role by role;
 (b) the fixed part is flat in the length and the growing part = attention layers x KV row x
     tokens x dtype size;
 (c) a forked cache gives the same log-probabilities (within 1e-5 at fp32) and greedy answer
@@ -155,8 +155,8 @@ def test_bytes_equal_the_cache_tensors_and_the_formula(family, tmp_path):
     mt, folder, a = family
     bf16 = load_model(f"hf:{folder}", dtype="bf16", prefill_chunk=5)
     ids = list(range(3, 3 + LONG))
-    for adapter in (a, bf16):
-        for n in (SHORT, LONG):
+    for adapter, lengths in ((a, (SHORT, LONG)), (bf16, (LONG,))):
+        for n in lengths:
             s = adapter.prefill(ids[:n])
             parts = adapter.state_parts(s)
             assert parts.total == independent_bytes(s.cache, adapter.model) > 0, (mt, n)
@@ -185,7 +185,7 @@ def test_fork_equals_a_fresh_prefill(family):
     fresh = a.prefill(ctx + question)
     lp = torch.log_softmax(forked.logits, -1)
     assert (lp - torch.log_softmax(fresh.logits, -1)).abs().max().item() < 1e-5, mt
-    assert a.generate(forked, 6) == a.generate(fresh, 6), mt
+    assert a.generate(forked, 4) == a.generate(fresh, 4), mt
     # scoring a continuation through forks leaves the shared state as it was
     cont = ids[30:36]
     first = a.score(shared, [cont])
