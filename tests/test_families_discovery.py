@@ -213,3 +213,24 @@ def test_memory_matched_baseline_gets_the_fixed_part(family):
     mt, folder, a = family
     fixed = a.state_parts(a.prefill(list(range(3, 11)))).fixed
     assert matched_state_bytes(f"hf:{folder}") == fixed > 0, mt
+
+
+def test_the_readme_family_table_is_generated_from_the_code():
+    """The README's table: one Markdown row per family, its roles, kind, bytes at each length
+    (the config formula's, on the same tiny model) and the probe's stepwise verdict."""
+    from evalkit.model_adapters.recurrent.family_table import family_rows, markdown
+    from evalkit.model_adapters.recurrent.formula import roles_at
+
+    rows = family_rows((20, 40), only=("mamba", "mamba2", "minimax"))
+    assert [r["family"] for r in rows] == ["mamba", "mamba2", "minimax"]
+    by = {r["family"]: r for r in rows}
+    assert by["mamba"]["stepwise"] and not by["mamba2"]["stepwise"] and by["minimax"]["stepwise"]
+    assert by["minimax"]["roles"] == ["kv", "recurrent"] and by["minimax"]["kind"] == "hybrid"
+    assert by["mamba"][20] == by["mamba"][40]  # a fixed state
+    cfg = _config("minimax")
+    assert by["minimax"][40] - by["minimax"][20] == (
+        roles_at(cfg, 40, torch.float32)["kv"] - roles_at(cfg, 20, torch.float32)["kv"])
+    table = markdown(rows, (20, 40)).splitlines()
+    assert table[0] == ("| family | kind | state by role | bytes at 20 | bytes at 40 | "
+                        "token by token after a prefill |")
+    assert table[4].startswith("| minimax | hybrid | kv, recurrent | ") and table[4].endswith("| yes |")

@@ -17,10 +17,12 @@ from typing import Any, Sequence
 import torch
 
 MEASURE_VOCAB = 256
+MAX_LENGTH = 65_536  # tiny models, one forward each: longer only costs time and memory
 
 
-def family_rows(lengths: Sequence[int] = (256, 1024), dtype: torch.dtype = torch.float32
-                ) -> list[dict[str, Any]]:
+def family_rows(lengths: Sequence[int] = (256, 1024), dtype: torch.dtype = torch.float32,
+                only: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """One row per discovered family (or the model_types in `only`, in discovery order)."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -33,6 +35,8 @@ def family_rows(lengths: Sequence[int] = (256, 1024), dtype: torch.dtype = torch
 
     rows = []
     for model_type, cls_name in recurrent_families():
+        if only is not None and model_type not in only:
+            continue
         row: dict[str, Any] = {"family": model_type, "class": cls_name}
         try:
             cfg = tiny_config(getattr(transformers, cls_name).config_class, MEASURE_VOCAB)
@@ -82,9 +86,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         lengths = [int(x) for x in args.lengths.split(",")]
     except ValueError:
         p.error(f"--lengths: expected comma-separated integers, got {args.lengths!r}")
-    if any(n < 1 for n in lengths):
-        p.error(f"--lengths: every length must be >= 1, got {args.lengths!r}")
-    print(markdown(family_rows(lengths, parse_dtype(args.dtype)), lengths))
+    if any(not 1 <= n <= MAX_LENGTH for n in lengths):
+        p.error(f"--lengths: every length must be between 1 and {MAX_LENGTH:,}, got "
+                f"{args.lengths!r}")
+    try:
+        dtype = parse_dtype(args.dtype)
+    except ValueError as e:
+        p.error(f"--dtype: {e}")
+    print(markdown(family_rows(lengths, dtype), lengths))
     return 0
 
 
