@@ -49,7 +49,6 @@ from evalkit.lm_eval.quiet import quiet_git, no_bars
 from evalkit.probe import canonical_json
 from evalkit.code_version import code_hash
 from evalkit.lm_eval.rows import doc_rows, ruler_metric, task_entry, write_rows
-from evalkit.runner.provenance import identity_hash, jsonable
 
 
 def tokenizer_folder(tokenizer: Any) -> str | None:
@@ -168,9 +167,10 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: LmEvalTasks, *, output_dir: 
         with no_bars(not progress):
             lm = EvalkitLM(name=name, **opts.get(name, {}))
         identity = lm.adapter.identity()
-        # the runner's hash of this model (evalkit.runner.run): its rows join its own samples
-        row_model = {"model": name, "model_hash": identity_hash(jsonable(identity),
-                                                                opts.get(name, {})),
+        # the model as lm-eval ran it; a board gives the rows the run's name and hash of the
+        # model of this spec (evalkit.lm_eval.rows.board_part)
+        row_model = {"model": name, "model_hash": _checksum(_plain(
+                         {"identity": identity, "options": opts.get(name, {})})),
                      "state_kind": str(lm.adapter.state_kind), "seed": seed or 0}
         meta = dict(metadata or {})
         if max_seq_lengths:
