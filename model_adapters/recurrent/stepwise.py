@@ -12,6 +12,11 @@ from scratch. A model whose chunked path is right is as close to (c) as its step
 up to rounding; one that drops its state is not. Stepwise feeding is always exact (only
 slower), so the probe leans that way: chunks are allowed only when (a) is within
 max(2 x (b)'s distance, a rounding floor for the dtype) of (c).
+
+Below fp32 the rounding floor can hide a dropped state (a random bf16 Mamba passes it), so a
+bf16 / fp16 model is also probed through an fp32 twin: a tiny random model of the same class
+(tiny_configs.py), whose code paths are the model's. Either probe failing means stepwise, and
+so does a twin that cannot be built (stepwise is exact; a guess is not).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ PREFILL, CHUNK = 6, 4
 # the largest log-probability gap rounding alone can explain, by dtype (fp32: summation order)
 FLOOR = {torch.float32: 1e-5, torch.float64: 1e-10}
 FLOOR_DEFAULT = 5e-2  # bf16 / fp16
+TWIN_VOCAB = 256
 
 
 def probe_distances(stepper: Any, vocab: int, seed: int = 0) -> tuple[float, float]:
@@ -46,8 +52,33 @@ def probe_distances(stepper: Any, vocab: int, seed: int = 0) -> tuple[float, flo
     return d_chunk, d_steps
 
 
-def drops_state_on_chunks(stepper: Any, vocab: int) -> bool:
-    """True when a multi-token forward after a prefill loses (part of) the state."""
+def _drops(stepper: Any, vocab: int) -> bool:
     d_chunk, d_steps = probe_distances(stepper, vocab)
     dtype = next(stepper.model.parameters()).dtype
     return not d_chunk <= max(2 * d_steps, FLOOR.get(dtype, FLOOR_DEFAULT))
+
+
+def _fp32_twin(config: Any) -> Any:
+    """A tiny random fp32 model of `config`'s class (None where one cannot be built)."""
+    from transformers import AutoModelForCausalLM
+
+    from evalkit.model_adapters.recurrent.tiny_configs import tiny_config
+
+    try:
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(tiny_config(type(config), TWIN_VOCAB),
+                                                dtype=torch.float32).eval()
+    except Exception:  # noqa: BLE001 -- any failure means: no twin, feed stepwise
+        return None
+
+
+def drops_state_on_chunks(stepper: Any, vocab: int) -> bool:
+    """True when a multi-token forward after a prefill loses (part of) the state."""
+    from evalkit.model_adapters.recurrent.forward import Stepper
+
+    if _drops(stepper, vocab):
+        return True
+    if next(stepper.model.parameters()).dtype in FLOOR:
+        return False
+    twin = _fp32_twin(stepper.model.config)
+    return twin is None or _drops(Stepper(twin), TWIN_VOCAB)
