@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import marshal
 import os
 import site
 import sys
@@ -124,8 +125,31 @@ def _digest(mod: types.ModuleType, f: str) -> str:
     known = mod.__dict__.get("__evalkit_sha256__") or _seen.get(mod)
     if known is None:
         try:
-            known = hashlib.sha256(Path(f).read_bytes()).hexdigest()
+            source = Path(f).read_bytes()
+            known = hashlib.sha256(source).hexdigest() + _stale_bytecode(mod, f, source)
         except OSError:
             known = "unreadable"
         _seen[mod] = known
     return known
+
+
+def _stale_bytecode(mod: types.ModuleType, f: str, source: bytes) -> str:
+    """'' unless Python ran a __pycache__ file that is not this source compiled: it trusts a
+    .pyc whose recorded size and mtime match the source's, so a same-size edit with the mtime
+    put back runs the old code. Then '+pyc:<sha256 of the .pyc>', so the key names the code
+    that ran, not the file's text."""
+    cached = mod.__dict__.get("__cached__")
+    if not f.endswith(".py") or not isinstance(cached, str):
+        return ""
+    try:
+        pyc = Path(cached).read_bytes()
+        flags = int.from_bytes(pyc[4:8], "little")
+        st = os.stat(f)
+        if flags != 0 or pyc[8:16] != (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (
+                st.st_size & 0xFFFFFFFF).to_bytes(4, "little"):
+            return ""  # Python would not have used it (or checks it by hash itself)
+        if marshal.loads(pyc[16:]) == compile(source, f, "exec", dont_inherit=True):
+            return ""
+    except (OSError, ValueError, EOFError, TypeError, SyntaxError):
+        return ""
+    return "+pyc:" + hashlib.sha256(pyc).hexdigest()

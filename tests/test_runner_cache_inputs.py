@@ -283,3 +283,37 @@ def test_a_resume_after_a_folder_the_model_names_was_edited_is_refused(tmp_path)
     cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "model_max_length": 77}))
     with pytest.raises(SuiteError, match="a folder an option names, was edited"):
         run_in_process(suite, tmp_path / "r", resume=True)
+
+
+_IMPORT = """import sys, json
+sys.path.insert(0, sys.argv[1])
+from evalkit.user_modules import code_of, owned_imports
+with owned_imports("owner"):
+    import stale_mod
+print(json.dumps([stale_mod.VALUE, code_of(["owner"])]))"""
+
+
+def test_a_stale_bytecode_file_is_keyed_as_the_code_that_ran(tmp_path):
+    """Python runs a __pycache__ file whose recorded size and mtime match the source: a
+    same-size edit with the mtime put back runs the old code. The key then names that code
+    (the source's hash plus the .pyc's), never the new source's alone."""
+    mod = tmp_path / "stale_mod.py"
+    mod.write_text("VALUE = 1111\n")
+
+    def load() -> list:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        out = subprocess.run([sys.executable, "-c", _IMPORT, str(tmp_path)], env=env,
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+        return json.loads(out)
+
+    first, again = load(), load()  # the second reads the .pyc the first wrote: the same key
+    assert first == again and first[0] == 1111 and (tmp_path / "__pycache__").is_dir()
+    st = mod.stat()
+    mod.write_text("VALUE = 2222\n")
+    os.utime(mod, ns=(st.st_atime_ns, st.st_mtime_ns))
+    value, code = load()
+    assert value == 1111  # Python ran the old bytecode ...
+    assert code != first[1] and "+pyc:" in code[0]  # ... and the key says so
+    shutil.rmtree(tmp_path / "__pycache__")
+    value, fresh = load()
+    assert value == 2222 and fresh != code and "+pyc:" not in fresh[0]
