@@ -235,3 +235,24 @@ def test_the_readme_family_table_is_generated_from_the_code():
     assert table[0] == ("| family | kind | state by role | bytes at 20 | bytes at 40 | "
                         "token by token after a prefill |")
     assert table[4].startswith("| minimax | hybrid | kv, recurrent | ") and table[4].endswith("| yes |")
+
+
+def test_the_published_family_table_is_the_generators():
+    """docs/families.md holds the generator's table: one row per family the installed
+    transformers ships (a family added by the next release fails here until the page is
+    regenerated), and its rows equal the generator's, checked on three families."""
+    from pathlib import Path
+
+    from evalkit.model_adapters.recurrent.discover import recurrent_families
+    from evalkit.model_adapters.recurrent.family_table import family_rows, markdown
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "families.md").read_text()
+    block = page.split("<!-- families table: generated -->", 1)[1].split(
+        "<!-- end families table -->", 1)[0]
+    published = {line.split("|")[1].strip(): line.strip()
+                 for line in block.splitlines()[3:] if line.startswith("| ")}
+    assert sorted(published) == sorted(mt for mt, _ in recurrent_families()), \
+        "regenerate docs/families.md: python -m evalkit.model_adapters.recurrent.family_table"
+    only = ("mamba", "mamba2", "minimax")
+    for line in markdown(family_rows((256, 1024), only=only), (256, 1024)).splitlines()[2:]:
+        assert published[line.split("|")[1].strip()] == line.strip()
