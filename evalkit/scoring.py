@@ -338,6 +338,12 @@ def forced_choice(logprobs: Sequence[float]) -> float:
     return float(logprobs[0] > max(logprobs[1:]))
 
 
+def scores_forced_choice(model_entry: dict | None) -> bool:
+    """Whether a model entry of results.json (its `models` map) has forced choice scored: on
+    unless the entry says `forced_choice: false` (a served model may switch it off)."""
+    return (model_entry or {}).get("forced_choice", True) is not False
+
+
 MQAR_QUESTION = "mqar"  # the question kind of tasks/mqar.py's queries
 MQAR_METRIC = "mqar_accuracy"  # Zoology's accuracy (the leaderboard's MQAR plot reads it)
 

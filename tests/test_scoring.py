@@ -21,7 +21,7 @@ def test_cell_stats_examples_hold():
     from evalkit import cell_stats
 
     result = doctest.testmod(cell_stats)
-    assert result.attempted == 4 and result.failed == 0
+    assert result.attempted >= 7 and result.failed == 0  # every worked example, none failing
 
 
 @pytest.mark.parametrize("name", list(scoring.METRICS))

@@ -194,7 +194,7 @@ def _frame(rows: list[dict], spath: Path, tasks: dict[str, dict],
     0 in every metric its answer would have had), so every table counts it the same way."""
     for r in rows:
         if r.get("error") is not None:
-            fc = ((models.get(r["model"]) or {}).get("forced_choice", True)) is not False
+            fc = scoring.scores_forced_choice(models.get(r["model"]))
             r["scores"] = miss_scores(r.get("kind"), len(r.get("candidates") or ()), fc)
         elif r.get("flag") is None:  # a metric added since the run: scored from the answer
             try:

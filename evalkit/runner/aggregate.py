@@ -72,7 +72,7 @@ def rows(samples: Iterable[SampleResult], tasks: dict[str, dict],
         cells[(s.model, s.task, s.target_length, s.depth, s.load)].append(s)
     out = []
     for (model, task, length, depth, load), cell in cells.items():
-        fc = ((models or {}).get(model) or {}).get("forced_choice", True) is not False
+        fc = scoring.scores_forced_choice((models or {}).get(model))
         tried = [s for s in cell if counted(s.error, s.flag)]
         ok = [s for s in cell if scored(s)]
         scoring.check_names({m for s in ok for m in s.scores}, f"scores of {model} on {task}")
