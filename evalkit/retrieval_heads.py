@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from evalkit.model_adapters.softmax import heads_file
+from evalkit import heads_file
 from evalkit.probe import Probe, canonical_json
 from evalkit.render import continuation_ids, render
 from evalkit.taskspec import EVAL_SEED_MASK, GridPoint, TaskSpec, discover, generate_probes

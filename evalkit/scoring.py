@@ -286,6 +286,11 @@ def string_match_all(prediction: str, gold: Sequence[str]) -> float:
     return sum(g.lower() in p for g in gold) / len(gold)
 
 
+# RULER's per-document scorers (lm_eval/tasks/ruler/common_utils.py) -> the metric here of the
+# same definition (lm-eval's RULER rows keep RULER's metric on the board, for parity)
+RULER_SCORERS = {"process_results": "string_match_all", "process_results_part": "string_match_part"}
+
+
 @metric("string_match_part", kind=GENERATION)
 def string_match_part(prediction: str, gold: Sequence[str]) -> float:
     """1 if any gold value is found in the answer, case-insensitive (RULER's metric).

@@ -39,16 +39,13 @@ from evalkit.probe import canonical_json
 from evalkit.result import SampleResult
 
 ROWS_FILE = "samples.jsonl"  # under RUN_DIR/lm_eval/
-# RULER's per-document scorers (lm_eval/tasks/ruler/common_utils.py) and evalkit's metric of
-# the same definition
-RULER_SCORERS = {"process_results": "string_match_all", "process_results_part": "string_match_part"}
 
 
 def ruler_metric(task: Any) -> str | None:
     """The evalkit metric a RULER task scores with, or None for any other task."""
     fn = getattr(task.config, "process_results", None)
     if getattr(fn, "__module__", "").startswith("lm_eval.tasks.ruler."):
-        return RULER_SCORERS.get(getattr(fn, "__name__", ""))
+        return scoring.RULER_SCORERS.get(getattr(fn, "__name__", ""))
     return None
 
 

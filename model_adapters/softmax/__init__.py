@@ -36,15 +36,14 @@ above. `keep_heads=K` keeps the K best KV heads by retrieval score whole and bou
 (DuoAttention); the scores come from `heads=FILE` (an `evalkit heads` record of the same
 weights) or are measured at load with the selection defaults and recorded in the identity.
 State bytes are what each head keeps (whole heads: every token; bounded: at most S + W - 1).
-Module `policy`; the record's format: `heads_file`.
+Module `policy`; the record's format: `evalkit.heads_file` (core, beside the probes that measure it).
 
 Length limit: the model never processes a token at a position >= max_length (default: the
 config's max_position_embeddings); a prompt, extension, scored continuation or generation that
 would need one raises instead of being cut.
 
 Modules: `adapter` (SoftmaxAdapter and the "hf" loader), `kv_cache` (cache copies, byte
-accounting, window mask and eviction), `policy` (memory policies), `heads_file` (retrieval-heads
-records), `describe` (figures from a config, no weights).
+accounting, window mask and eviction), `policy` (memory policies), `describe` (figures from a config, no weights).
 """
 from evalkit.model_adapters.softmax.adapter import SoftmaxAdapter
 from evalkit.model_adapters.softmax.describe import describe_checkpoint, describe_row

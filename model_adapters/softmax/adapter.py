@@ -12,7 +12,8 @@ import torch
 
 from evalkit.model_adapters.cache_state import cache_state
 from evalkit.model_adapters.hf_base import HFBase, HFState, eos_ids
-from evalkit.model_adapters.softmax import heads_file, kv_cache, policy as mem
+from evalkit import heads_file
+from evalkit.model_adapters.softmax import kv_cache, policy as mem
 from evalkit.model_adapters.facts import hf_facts
 from evalkit.model_adapters.softmax.describe import split_path
 from evalkit.model_adapters.softmax.kv_cache import KVProfile, kv_profile, matched_window
@@ -194,7 +195,7 @@ class SoftmaxAdapter(HFBase):
                                       n_layers=len(layers), n_kv_heads=n_kv)
                 source = f"file sha256 {file_sha256(self.heads)}"
             else:  # measured here, with the selection defaults (recorded in the identity)
-                from evalkit.retrieval_heads import measure  # probes live above the adapters
+                from evalkit.retrieval_heads import measure  # core: the needle probes and the record
 
                 doc = measure(self)
                 source = "computed at load"
