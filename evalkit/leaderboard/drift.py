@@ -26,15 +26,14 @@ from typing import Any
 import numpy as np
 
 from evalkit import __version__, scoring
-from evalkit.atomic import write_text
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP, check_resamples, paired_bootstrap, seed_for
 from evalkit.formatting import markdown_table, md_cell
-from evalkit.owned_folder import refuse_foreign
+from evalkit.leaderboard import compare_files
 from evalkit.leaderboard.load import Run, load_run, read_samples
 
 FORMAT = "evalkit-drift/1"
 JSON_NAME, MD_NAME = "drift.json", "drift.md"
-MD_MARKER = f"<!-- {FORMAT}: written by `evalkit compare`; rerunning it replaces this file -->"
+MD_MARKER = compare_files.marker(FORMAT)
 DEFAULT_METRIC = scoring.ANSWER_METRIC
 ALL = "all"  # the task label of the row pooled over every task
 
@@ -336,33 +335,11 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 # -- files --------------------------------------------------------------------------------
 
-def to_json(report: dict[str, Any]) -> str:
-    """allow_nan=False: a non-finite number is a bug here, never written."""
-    return json.dumps(report, indent=1, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
-
-
-def _ours(path: Path) -> bool:
-    try:
-        if path.name == JSON_NAME:
-            return json.loads(path.read_text(encoding="utf-8")).get("format") == FORMAT
-        return path.read_text(encoding="utf-8").startswith(MD_MARKER)
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def write_report(report: dict[str, Any], out: str | os.PathLike) -> list[Path]:
-    """drift.json and drift.md in `out`, each atomically; a file of that name that compare did
-    not write is never replaced."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: exists and is not a folder")
-    paths = [out / JSON_NAME, out / MD_NAME]
-    refuse_foreign(paths, lambda p: None if _ours(p) else "not written by evalkit compare",
-                   command="evalkit compare", flag="--out")
-    text_json, text_md = to_json(report), render_markdown(report)  # fail before writing
-    write_text(paths[1], text_md)
-    write_text(paths[0], text_json)
-    return paths
+    """drift.json and drift.md in `out`, each atomically; a file of that name that compare
+    did not write is never replaced."""
+    return compare_files.write_report(report, out, fmt=FORMAT, json_name=JSON_NAME,
+                                      md_name=MD_NAME, render_markdown=render_markdown)
 
 
 def read_report(folder: str | os.PathLike) -> dict[str, Any]:

@@ -24,15 +24,14 @@ import numpy as np
 from scipy.stats import binomtest
 
 from evalkit import __version__, scoring
-from evalkit.atomic import write_text
 from evalkit.bootstrap import DEFAULT_BOOTSTRAP, check_resamples, paired_bootstrap, seed_for
 from evalkit.formatting import markdown_table, md_cell
+from evalkit.leaderboard import compare_files
 from evalkit.leaderboard.load import Run, load_run, read_samples
-from evalkit.owned_folder import refuse_foreign
 
 FORMAT = "evalkit-paired/1"
 JSON_NAME, MD_NAME = "paired.json", "paired.md"
-MD_MARKER = f"<!-- {FORMAT}: written by `evalkit compare`; rerunning it replaces this file -->"
+MD_MARKER = compare_files.marker(FORMAT)
 KEY = ("task", "target_length", "depth", "load", "seed", "question")
 
 
@@ -237,29 +236,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def to_json(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=1, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
-
-
-def _ours(path: Path) -> bool:
-    try:
-        if path.name == JSON_NAME:
-            return json.loads(path.read_text(encoding="utf-8")).get("format") == FORMAT
-        return path.read_text(encoding="utf-8").startswith(MD_MARKER)
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def write_report(report: dict[str, Any], out: str | os.PathLike) -> list[Path]:
     """paired.json and paired.md in `out`, each atomically; a file of that name that compare
     did not write is never replaced."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: exists and is not a folder")
-    paths = [out / JSON_NAME, out / MD_NAME]
-    refuse_foreign(paths, lambda p: None if _ours(p) else "not written by evalkit compare",
-                   command="evalkit compare", flag="--out")
-    text_json, text_md = to_json(report), render_markdown(report)  # fail before writing
-    write_text(paths[1], text_md)
-    write_text(paths[0], text_json)
-    return paths
+    return compare_files.write_report(report, out, fmt=FORMAT, json_name=JSON_NAME,
+                                      md_name=MD_NAME, render_markdown=render_markdown)

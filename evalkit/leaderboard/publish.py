@@ -27,7 +27,8 @@ from evalkit.leaderboard import plots as P
 from evalkit.leaderboard import published, recall_state
 from evalkit.leaderboard.board import Board, Options, build, records
 from evalkit.leaderboard.derived import KNEE_LEVEL
-from evalkit.leaderboard.drift import read_report, summary_rows, to_json
+from evalkit.leaderboard.compare_files import to_json
+from evalkit.leaderboard.drift import read_report, summary_rows
 from evalkit.leaderboard.load import expand_run_dirs, load_run
 from evalkit.leaderboard.shards import combine_shards
 from evalkit.leaderboard.page import render_page
