@@ -122,7 +122,7 @@ def test_cli_tasks_validate_generate(tmp_path, capsys):
 def test_cli_reports_missing_tokenizer_and_unknown_task(tmp_path, capsys):
     rc = main(["generate", "recipes", "--include", str(PROBES), "--tokenizer",
                str(tmp_path / "nope"), "--out", str(tmp_path / "x.jsonl")])
-    assert rc == 2 and "does not exist" in capsys.readouterr().err
+    assert rc == 2 and "no such tokenizer folder or tokenizer.json" in capsys.readouterr().err
     rc = main(["generate", "recipez", "--include", str(PROBES), "--tokenizer",
                str(TINY_TOKENIZER), "--out", str(tmp_path / "x.jsonl")])
     assert rc == 2 and "unknown task 'recipez'" in capsys.readouterr().err
