@@ -83,8 +83,11 @@ def test_recall_and_latency_under_arrivals(server, tmp_path, capsys):
     csv = pd.read_csv(board / "results.csv", keep_default_na=False)
     assert sorted(set(csv["arrivals"])) == sorted({r["arrivals"] for run in [quiet, *runs.values()]
                                                    for r in _samples(run)})
-    assert (pd.to_numeric(csv["latency_p50_s"]) > 0).all()
-    assert (pd.to_numeric(csv["latency_p99_s"]) >= pd.to_numeric(csv["latency_p50_s"])).all()
+    p50 = pd.to_numeric(csv["latency_p50_s"])
+    assert (p50 > 0).all()
+    # p99 only from 100 response times (evalkit.cell_stats.percentiles): empty below, never NaN
+    p99 = pd.to_numeric(csv["latency_p99_s"].replace("", None))
+    assert ((p99.isna() & (pd.to_numeric(csv["n"]) < 100)) | (p99 >= p50)).all()
     readme = (board / "README.md").read_text()
     assert "## Served models: recall and response time" in readme
     assert "smollm2-vllm @ poisson:" in readme and "smollm2-vllm @ closed loop, 4 in flight" in readme
