@@ -84,7 +84,7 @@ def _cached(run_dir: Path) -> int:
 def test_killed_mid_run_then_resumed(mamba2_server, mamba2_dir, keyed, tmp_path, capsys):
     # concurrency 1: one request at a time, so the numbers do not depend on batching
     model = served(mamba2_server.url, mamba2_dir, "vllm", api_key_env=keyed, concurrency=1,
-                   retries=2, backoff_s=0.5, timeout_s=60)
+                   retries=2, backoff_s=0.2, timeout_s=60)
     cfg = write_suite(tmp_path, "kill", [model], tasks=KILL_TASKS, samples=KILL_SAMPLES)
     out, log = tmp_path / "killed", tmp_path / "killed.log"
     with open(log, "wb") as f:
