@@ -29,7 +29,8 @@ import pytest
 import yaml
 
 from evalkit.cli import main as evalkit_main
-from evalkit.model_adapters.served.client import REDACTED, Client, ServerError
+from evalkit.model_adapters.served.api_key import REDACTED
+from evalkit.model_adapters.served.client import Client, ServerError
 from evalkit.model_adapters.served.urls import clean_url, on_this_machine, public_url
 from helpers import TINY_TOKENIZER
 from test_served_client import BODY, Fake, bounded, client

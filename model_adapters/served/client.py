@@ -47,6 +47,7 @@ from httpx_sse import EventSource, SSEError
 from tenacity import (AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay,
                       wait_exponential_jitter)
 
+from evalkit.model_adapters.served.api_key import ApiKey
 from evalkit.model_adapters.served.urls import clean_url, on_this_machine
 
 MAX_RETRIES = 20
@@ -56,8 +57,6 @@ MAX_RETRY_AFTER_S = 60.0  # a server's Retry-After is honoured up to this
 LOOP_PARSE_BYTES = 1 << 16  # larger JSON answers are parsed in a worker thread
 GRACE_S = 5.0             # the caller's own bound beyond the deadline (the loop's cancel path)
 CAUSES = ("timeout", "connect", "http_5xx", "http_4xx", "bad_response", "cancelled")
-MIN_KEY_CHARS = 8         # a shorter key could be an everyday word: redacting it would edit answers
-REDACTED = "<api key redacted>"
 
 
 class ServerError(ConnectionError):
@@ -137,28 +136,10 @@ class Client:
         self.timeout_s, self.retries = float(timeout_s), int(retries)
         self.backoff_s = float(backoff_s)
         self._headers = {"Content-Type": "application/json"}
-        self._key_env, self._key, self._forms = api_key_env, None, ()
-        if api_key_env:
-            key = os.environ.get(api_key_env)
-            if not key:
-                raise ValueError(f"served: api_key_env={api_key_env}: that environment variable "
-                                 f"is not set (it should hold the server's API key)")
-            if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
-                # a header cannot carry it as is, and httpx's refusal would quote it
-                raise ValueError(f"served: api_key_env={api_key_env}: the key holds a space, a "
-                                 f"control or a non-ASCII character (not repeated here); an API "
-                                 f"key is printable ASCII")
-            if any(key in u for u in self.base_urls):
-                raise ValueError(f"served: api_key_env={api_key_env}: the key is also in the "
-                                 f"URL (not repeated here); give the API root alone")
-            if len(key) < MIN_KEY_CHARS:
-                raise ValueError(f"served: api_key_env={api_key_env}: the key is shorter than "
-                                 f"{MIN_KEY_CHARS} characters; every text a server sends back is "
-                                 f"redacted of it, which for so short a key would edit the "
-                                 f"model's answers (a server without a key needs no "
-                                 f"api_key_env)")
-            self._key, self._forms = key, _key_forms(key)
-            self._headers["Authorization"] = f"Bearer {key}"
+        self._secret = ApiKey.from_env(api_key_env, self.base_urls)
+        self._key_env, self._key = self._secret.env, self._secret.key
+        if self._key is not None:
+            self._headers["Authorization"] = f"Bearer {self._key}"
         self._turn = 0
         self._lock = threading.Lock()
         self._aborted = threading.Event()
@@ -189,37 +170,9 @@ class Client:
         return True
 
     def redact(self, text: str) -> str:
-        """`text` with the API key (as sent, JSON-escaped or percent-encoded) replaced by
-        REDACTED: every text from a server passes here before it is stored or printed."""
-        if not self._forms or not isinstance(text, str):
-            return text
-        for form in self._forms:
-            text = text.replace(form, REDACTED)
-        return text
-
-    def _parsed(self, data: bytes) -> Any:
-        """JSON `data` parsed and scrubbed, walking it only where the key could be in it: a
-        form of it in the bytes, or an escape (\\u...; \\/ for a key with a /) that could
-        spell it otherwise. Answers of 100k prompt_logprobs rows are not walked for nothing."""
-        obj = json.loads(data)
-        if not self._forms:
-            return obj
-        if (any(f.encode() in data for f in self._forms) or b"\\u" in data
-                or ("/" in self._key and b"\\/" in data)):
-            return self._scrub(obj)
-        return obj
-
-    def _scrub(self, obj: Any) -> Any:
-        """A parsed JSON answer with every string (keys too) redacted of the key."""
-        if not self._forms:
-            return obj
-        if isinstance(obj, str):
-            return self.redact(obj)
-        if isinstance(obj, list):
-            return [self._scrub(v) for v in obj]
-        if isinstance(obj, dict):
-            return {self.redact(k): self._scrub(v) for k, v in obj.items()}
-        return obj
+        """`text` with the API key replaced by REDACTED (api_key.py): every text from a server
+        passes here before it is stored or printed."""
+        return self._secret.redact(text)
 
     def _redacted(self, e: ServerError) -> ServerError:
         text = self.redact(str(e))
@@ -419,7 +372,7 @@ class Client:
         async with self._open(i, method, path, body, trace, base) as r:
             data = await r.aread()
         try:
-            parse = lambda: self._parsed(data)
+            parse = lambda: self._secret.parsed(data)
             if len(data) < LOOP_PARSE_BYTES:
                 return parse()
             # a large answer (prompt_logprobs of long prompts) is parsed off the loop, which
@@ -441,7 +394,7 @@ class Client:
                     async for event in _Events(r).aiter_sse():
                         if event.data == "[DONE]":
                             return "".join(text), last, time.monotonic()
-                        last = self._scrub(_chunk(self.redact(event.data)))
+                        last = self._secret.scrub(_chunk(self.redact(event.data)))
                         for ch in last.get("choices") or []:
                             piece = (ch.get("text") if isinstance(ch, dict) else None) or ""
                             if piece and trace.first_text_at is None:
@@ -483,16 +436,6 @@ def _chunk(data: str) -> dict:
         raise ServerError(f"server error mid-stream: {str(err)[:200]}", status=code or None,
                           retryable=cause != "http_4xx", cause=cause)
     return chunk
-
-
-def _key_forms(key: str) -> list[str]:
-    """The ways a server may write `key` back: as sent, JSON-escaped (with / as \\/ too),
-    percent-encoded; longest first, so a longer form is replaced whole."""
-    from urllib.parse import quote
-
-    escaped = json.dumps(key)[1:-1]
-    forms = {key, escaped, escaped.replace("/", "\\/"), quote(key, safe="")}
-    return sorted(forms, key=len, reverse=True)
 
 
 def _retry_after(value: str | None) -> float | None:
