@@ -15,7 +15,6 @@ ends with the same results.json as an uninterrupted run.
 from __future__ import annotations
 
 import gc
-import hashlib
 from collections import Counter
 import sys
 import time
@@ -26,10 +25,9 @@ from typing import Any, Iterator
 
 from evalkit import __version__
 from evalkit.model_adapters.protocol import check_identity
-from evalkit.probe import Probe, canonical_json
+from evalkit.probe import Probe
 from evalkit.render import Rendered, render
 from evalkit.result import SampleResult
-from evalkit.scoring import FORCED_CHOICE
 from evalkit.runner import aggregate, distributed, provenance, rundir
 from evalkit.runner import arrivals as loads
 from evalkit.runner import shard as shards
@@ -37,6 +35,8 @@ from evalkit.runner.cache import CacheError, SampleCache
 from evalkit.runner.concurrent import MAX_OPEN, execute_concurrent
 from evalkit.runner.execute import ModelRun, base_sample, execute, failed, in_sinks
 from evalkit.runner.plan import Request, build_plan
+from evalkit.runner.model_identity import check_distinct_models, check_same_as_before, model_hash
+from evalkit.runner.scheduled import run_scheduled
 from evalkit.runner.suite import (ResolvedModel, ResolvedSuite, ResolvedTask, SuiteConfig,
                                   SuiteError, plugin_modules)
 from evalkit.user_modules import code_of, owned_imports
@@ -119,7 +119,7 @@ class _Session:
         # the adapter's kind, measured from its cache at load (hf adapters), never the
         # registry's static state_kind; each sample then records its own measured state
         kind = str(adapter.state_kind)
-        self._check_same_as_before(m, identity, mhash)
+        check_same_as_before(self.earlier_models, self.path, m, identity, mhash)
         same = [n for n, d in self.models.items() if d["hash"] == mhash]
         if same:
             raise SuiteError(f"{self.resolved.source}: models {same[0]!r} and {m.name!r} are the "
@@ -143,8 +143,8 @@ class _Session:
         for task in self.resolved.tasks:  # every grid problem surfaces before any evaluation
             self.probes_for(task, adapter.tokenizer)
         if arrivals is not None:  # one schedule over every task: planned first, then sent
-            self.run_scheduled(run, arrivals, [self.plan_pair(run, mi, ti, task, None)
-                                               for ti, task in enumerate(self.resolved.tasks)])
+            run_scheduled(self, run, arrivals, [self.plan_pair(run, mi, ti, task, None)
+                                                for ti, task in enumerate(self.resolved.tasks)])
         else:
             material = self.material(run)
             for ti, task in enumerate(self.resolved.tasks):
@@ -162,23 +162,6 @@ class _Session:
         read now, after the model loaded: a plugin may import more as it builds its model."""
         return {"model_hash": run.model_hash, "code": provenance.code_key(self.owners[run.name]),
                 "generation": _generation_key(run, schedule)}
-
-    def _check_same_as_before(self, m: ResolvedModel, identity: dict, mhash: str) -> None:
-        before = self.earlier_models.get(m.name)
-        if not isinstance(before, dict) or before.get("hash") in (None, mhash):
-            return
-        skip = {"hash", "spec", "options", "state_kind", "max_length", "trained_length",
-                "published", FORCED_CHOICE}  # the entry's metric switch: scoring, not model
-        fields = sorted(k for k in (set(identity) | set(before)) - skip
-                        if identity.get(k) != before.get(k))
-        shown = "; ".join(f"{k}: {_short(before.get(k))} -> {_short(identity.get(k))}"
-                          for k in fields[:4]) or (
-            "the content of a file or folder it was built from: its config.json, or a folder "
-            "an option names, was edited, or the run was started by an evalkit that hashed "
-            "models otherwise")
-        raise SuiteError(f"cannot resume {self.path}: model {m.name!r} ({m.spec}) is not the "
-                         f"model this run started with ({shown}); its finished samples would "
-                         f"mix two models. Start a new run (another --output) for this one")
 
     def _check_lengths(self, mi: int, name: str, max_len: int | None) -> None:
         """Refuse a target length beyond every model's maximum before building its probes
@@ -261,80 +244,6 @@ class _Session:
                     self.cached += 1
         return sorted(todo, key=lambda it: it.order), items
 
-    def run_scheduled(self, run: ModelRun, arrivals: Any,
-                      planned: list[tuple[list[Request], list[Request]]]) -> None:
-        """Send every task's planned requests at their due times in one schedule over the
-        model's whole plan (evalkit.runner.arrivals), whatever this invocation sends of it."""
-        key = lambda it: f"{it.probe.task}\0{it.probe.hash}\0{it.qi}"
-        whole = [key(it) for _, sent in planned for it in sent]
-        seed = self.resolved.suite.seed
-        try:
-            due = arrivals.schedule(whole, seed=seed)
-        except ValueError as e:
-            raise SuiteError(f"model {run.name!r}: {e}") from None
-        todo = sorted((it for left, _ in planned for it in left), key=lambda it: due[key(it)])
-        # The schedule, exactly: what a sample measured under it was measured under. The
-        # process with its exact rate (a float's JSON is its repr: poisson:12.34567 and
-        # :12.34571 differ, where the 6-digit label does not) or the trace's content; the
-        # seed and every request of the schedule (they fix each due time and what queues
-        # beside it); the shard and rank that sent this part; the cap on open requests.
-        schedule = {"process": arrivals.config(), "seed": seed,
-                    "requests": hashlib.sha256("\n".join(sorted(set(whole))).encode()).hexdigest(),
-                    "shard": self.shard.as_dict(), "ranks": self.dist.world,
-                    "max_open": MAX_OPEN}
-        material = self.material(run, schedule)
-        part = {**material, "rank": self.dist.rank}
-        # A load is what was offered. This part's samples are reused only together, when
-        # the whole part was offered in one invocation and answered without a failure
-        # (SampleCache.schedule_done). Otherwise the whole part is offered again: sending
-        # only what failed or was cut off would put those requests under a lighter load
-        # than the label says (the review: 10 timeouts of 16 at poisson:10/s vanished on
-        # --resume, sent alone), and a union of two invocations is not one load.
-        hits = self._whole(run, material, todo) if self.cache.schedule_done(part) else None
-        # every rank's part from the cache, or every rank offers its part again: one rank
-        # sending alone would meet a lighter load than the schedule's
-        everywhere = self.dist.gather(hits is not None)
-        if self.dist.broadcast(everywhere is not None and all(everywhere)):
-            self.samples += hits
-            self.cached += len(hits)
-            return
-        when = [due[key(it)] for it in todo]
-        if self.dist.is_main:
-            where = "" if self.shard.count == 1 else f" (shard {self.shard}: its part)"
-            first = f", the first due in {when[0]:.1f} s" if when and when[0] >= 1 else ""
-            print(f"evalkit run: {run.name} under {arrivals.label}: {len(whole)} requests, "
-                  f"expected to take {arrivals.expected_s(len(whole)):,.0f} s; {len(todo)} to "
-                  f"send here{where}{first}", file=sys.stderr)
-        done = len(self.samples)
-        try:
-            self.run_items(run, todo, f"{run.name} | {arrivals.label}", material, due=when)
-        except KeyboardInterrupt:
-            print(f"evalkit run: {run.name} under {arrivals.label}: the schedule was cut "
-                  f"short, so a resume offers it again whole (its answered samples are not "
-                  f"reused alone: they would not be one load)", file=sys.stderr)
-            raise
-        answered = [d for _, d in self.samples[done:]]
-        if len(answered) == len(todo) and not any(d["error"] for d in answered):
-            self.cache.mark_schedule_done(part, len(todo))
-        elif self.dist.is_main:
-            print(f"evalkit run: {run.name} under {arrivals.label}: "
-                  f"{sum(bool(d['error']) for d in answered)} of {len(todo)} requests failed; "
-                  f"they count as measured. A resume (or a run sharing this cache) offers the "
-                  f"whole schedule again, never the failed requests alone", file=sys.stderr)
-
-    def _whole(self, run: ModelRun, material: dict, todo: list[Request]
-               ) -> list[tuple[tuple, dict]] | None:
-        """Every sample of a finished schedule part from the cache, or None (an entry is gone
-        or fails its check, so the part is offered again)."""
-        hits = []
-        for item in todo:
-            hit = self.cache.get(self.cache.key(material, item.probe.hash, item.qi))
-            if hit is None:
-                return None
-            hit.model = run.name
-            hits.append((item.order, hit.to_dict()))
-        return hits
-
     def run_items(self, run: ModelRun, todo: list[Request], desc: str, material: dict,
                   due: list[float] | None = None) -> None:
         """Answer `todo`, caching each sample as it ends. `due`: an open loop's due times;
@@ -368,29 +277,6 @@ class _Session:
             bar.close()
 
 
-def model_hash(spec: str, identity: dict, options: dict) -> str:
-    """A model's hash: its identity, its options and the files it was built from by content
-    (the identity holds the weights' hash, not the checkpoint's config.json, which changes the
-    scores with the same weights): a NAME:PATH or path spec's folder, a registered model's
-    config. Never a location: a served URL names no file, and a folder in two clones is one."""
-    from evalkit.model_adapters.models import resolve_spec
-
-    info, where = resolve_spec(spec)
-    files = {k: c for k, c in (("checkpoint", provenance.path_content(where)),
-                               ("config", provenance.path_content(info.config))) if c is not None}
-    return provenance.identity_hash(identity, options, files)
-
-
-def check_distinct_models(resolved: ResolvedSuite) -> None:
-    """One model listed under two names would make two indistinguishable result sets."""
-    seen: dict[str, str] = {}
-    for m in resolved.models:
-        key = canonical_json([m.spec, provenance.jsonable(m.options)])
-        if seen.setdefault(key, m.name) != m.name:
-            raise SuiteError(f"{resolved.source}: models {seen[key]!r} and {m.name!r} are the "
-                             f"same model (spec {m.spec!r} with the same options); list it once")
-
-
 @contextmanager
 def _torch_threads(n: int | None) -> Iterator[None]:
     """torch's CPU thread count set to `n` for the evaluation, restored after (a library call
@@ -406,11 +292,6 @@ def _torch_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
-
-
-def _short(v: Any) -> str:
-    text = canonical_json(v) if not isinstance(v, str) else v
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _bar(total: int, desc: str, enabled: bool):
