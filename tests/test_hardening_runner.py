@@ -6,6 +6,7 @@ import errno
 import json
 import math
 import os
+import signal
 import re
 import shutil
 import subprocess
@@ -368,10 +369,15 @@ def test_a_second_resume_on_a_locked_run_folder_is_refused_naming_the_pid(tok_di
         while not (out / "cache" / "entries").exists():  # the first run is under way
             assert time.time() < deadline and first.poll() is None
             time.sleep(0.05)
-        second = subprocess.run([sys.executable, "-m", "evalkit", "run", "--resume", str(out),
-                                 "--no-progress"], env=env, cwd=tmp_path, capture_output=True,
-                                text=True, timeout=120)
-        # 16 generations of 0.6 s: the first still holds the folder
+        # the first is paused while the second tries: it holds the folder however slowly the
+        # second starts (on loaded cores the second's imports outlasted 16 x 0.6 s once)
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            second = subprocess.run([sys.executable, "-m", "evalkit", "run", "--resume",
+                                     str(out), "--no-progress"], env=env, cwd=tmp_path,
+                                    capture_output=True, text=True, timeout=120)
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
         assert second.returncode == 2, second.stdout + second.stderr
         assert f"pid {first.pid}" in second.stderr and str(out / ".lock") in second.stderr
     finally:

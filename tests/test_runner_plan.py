@@ -11,7 +11,7 @@ from evalkit.probe import Probe, ProbeMeta, Question, Segment
 from evalkit.render import continuation_ids, prompt_ids, render
 from evalkit.runner.execute import ModelRun, execute
 from evalkit.runner.plan import Request, build_plan
-from evalkit.runner.suite import import_plugins
+from evalkit.runner.plugins import import_plugins
 from evalkit.scoring import score_sample
 from evalkit.taskspec import discover, generate_probes, grid
 from evalkit.tokenization import load_tokenizer

@@ -42,13 +42,13 @@ def test_an_option_that_is_one_variable_reads_as_yaml(tmp_path, monkeypatch):
     suite.write_text("name: s\nmodels:\n  - {name: m, spec: oracle, options: {}}\n"
                      "  - {name: g, spec: 'gla:${CKPT}', options: {chunk_size: '${C}'}}\n"
                      "tasks: [needle]\n")
-    from evalkit.runner import suite as suite_mod
+    from evalkit.runner import suite_vars
     monkeypatch.setenv("C", "64")
     monkeypatch.setenv("CKPT", "123")
-    assert suite_mod._expand("${C}", "s", "models.1.options.chunk_size") == 64
-    assert suite_mod._expand("${CKPT}", "s", "models.1.options.path") == 123
-    assert suite_mod._expand("x${C}", "s", "models.1.options.name") == "x64"
-    assert suite_mod._expand("${CKPT}", "s", "models.1.spec") == "123"
+    assert suite_vars.expand("${C}", "s", "models.1.options.chunk_size") == 64
+    assert suite_vars.expand("${CKPT}", "s", "models.1.options.path") == 123
+    assert suite_vars.expand("x${C}", "s", "models.1.options.name") == "x64"
+    assert suite_vars.expand("${CKPT}", "s", "models.1.spec") == "123"
     monkeypatch.delenv("C")
     with pytest.raises(SuiteError, match="C is not set"):
         resolve(load_suite(suite), str(suite))

@@ -15,7 +15,7 @@ from typing import Any
 from evalkit.formatting import fmt_bytes
 from evalkit.model_adapters.models import DEFAULT_TOKENS, describe_model, model_info, model_names
 from evalkit.probe import check_tokens
-from evalkit.runner.suite import import_plugins
+from evalkit.runner.plugins import import_plugins
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -38,7 +38,8 @@ from evalkit.runner.plan import Request, build_plan
 from evalkit.runner.model_identity import check_distinct_models, check_same_as_before, model_hash
 from evalkit.runner.scheduled import run_scheduled
 from evalkit.runner.suite import (ResolvedModel, ResolvedSuite, ResolvedTask, SuiteConfig,
-                                  SuiteError, plugin_modules)
+                                  SuiteError)
+from evalkit.runner.plugins import plugin_modules
 from evalkit.user_modules import code_of, owned_imports
 from evalkit.taskspec import generate_probes
 from evalkit.tokenization import tokenizer_hash

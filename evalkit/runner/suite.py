@@ -45,15 +45,12 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import importlib
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
@@ -62,15 +59,13 @@ from evalkit.grid import (MAX_POINTS, SIZES, Grid, length_error, load_error,
 from evalkit.probe import canonical_json
 from evalkit.render import ANSWER_STOP
 from evalkit.taskspec import GridPoint, SpecError, TaskSpec, discover, grid
-from evalkit.user_modules import load_user_file, module_name, owned_imports
+from evalkit.runner.errors import SuiteError
+from evalkit.runner.plugins import import_plugins
+from evalkit.runner.suite_vars import expand, forced_choice
 from evalkit.yamlfile import read_yaml, validation_message
 
 # Groups every suite knows; a suite's own `groups:` may add more (not replace these).
 BUILTIN_GROUPS: dict[str, tuple[str, ...]] = {"all": ("*",)}
-
-
-class SuiteError(ValueError):
-    """A suite config is invalid; the message names the file (or the command line) and the key."""
 
 
 class ModelEntry(BaseModel):
@@ -262,76 +257,6 @@ class ResolvedSuite:
                 "suite": self.suite.model_dump(mode="json"), "resolved": self.config}
 
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def _expand(value: Any, where: str, key: str) -> Any:
-    if isinstance(value, dict):
-        return {k: _expand(v, where, f"{key}.{k}") for k, v in value.items()}
-    if not isinstance(value, str):
-        return value
-
-    def sub(m: re.Match) -> str:
-        var = m.group(1)
-        if var not in os.environ:
-            raise SuiteError(f"{where}: key {key!r}: environment variable {var} is not set "
-                             f"(export it, or write the path into the config)")
-        return os.environ[var]
-    out = _VAR.sub(sub, value)
-    if key.startswith("models.") and ".options." in key and _VAR.fullmatch(value):
-        # an option that is one variable takes its value as YAML reads it: `concurrency:
-        # ${C}` with C=4 is the number 4, as `concurrency: 4` written out would be
-        try:
-            read = yaml.safe_load(out)
-        except yaml.YAMLError:
-            return out
-        return read if isinstance(read, (int, float, bool)) else out
-    return out
-
-
-def _forced_choice(value: bool | str, where: str, i: int) -> bool:
-    if isinstance(value, bool):
-        return value
-    key = f"models.{i}.forced_choice"
-    if not _VAR.fullmatch(value):
-        raise SuiteError(f"{where}: key {key!r}: {value!r}: expected true, false or one "
-                         f"${{VAR}} holding true or false")
-    read = _expand(value, where, key)
-    try:
-        parsed = yaml.safe_load(read)
-    except yaml.YAMLError:
-        parsed = read
-    if not isinstance(parsed, bool):
-        raise SuiteError(f"{where}: key {key!r}: {value} is {read!r}; expected true or false")
-    return parsed
-
-
-def import_plugins(plugins: Sequence[str], where: str) -> None:
-    """Import modules that declare models (`register_model`); each at most once."""
-    for ref in plugins:
-        path = Path(ref)
-        is_file = ref.endswith(".py") or path.is_absolute()
-        if is_file and not path.is_file():
-            raise SuiteError(f"{where}: key 'plugins': {ref}: no such file")
-        try:
-            if is_file:
-                load_user_file(path)
-            else:
-                with owned_imports(ref):  # what it imports keys the cache with it
-                    importlib.import_module(ref)
-        except Exception as e:  # the user's plugin fails as it is imported
-            if isinstance(e, ModuleNotFoundError) and e.name == ref:
-                raise SuiteError(f"{where}: key 'plugins': module {ref!r} not found") from None
-            raise SuiteError(f"{where}: key 'plugins': {ref}: importing it failed: "
-                             f"{type(e).__name__}: {e}") from None
-
-
-def plugin_modules(plugins: Sequence[str]) -> list[str]:
-    """The module names import_plugins gave `plugins` (their code keys the sample cache)."""
-    return [module_name(ref) if ref.endswith(".py") or Path(ref).is_absolute() else ref
-            for ref in plugins]
-
-
 def _is_served(spec: str) -> bool:
     from evalkit.model_adapters.models import resolve_spec
 
@@ -426,11 +351,11 @@ def resolve(suite: SuiteConfig, source: str = "command line") -> ResolvedSuite:
         if m.name in names_seen:
             raise SuiteError(f"{source}: key 'models.{i}': model name {m.name!r} appears twice")
         names_seen.add(m.name)
-        spec = _expand(m.spec_name, source, f"models.{i}.spec")
-        options = _expand(dict(m.options), source, f"models.{i}.options")
+        spec = expand(m.spec_name, source, f"models.{i}.spec")
+        options = expand(dict(m.options), source, f"models.{i}.options")
         _check_model(spec, source, i, m.name)
         models.append(ResolvedModel(m.name, spec, options, m.published, _is_served(spec),
-                                    _forced_choice(m.forced_choice, source, i)))
+                                    forced_choice(m.forced_choice, source, i)))
 
     try:
         registry = discover(suite.include)
