@@ -26,3 +26,11 @@ def tiny_tokenizer():
     from helpers import TINY_TOKENIZER
 
     return load_tokenizer(TINY_TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium for the board-page tests (tests/browser.py)."""
+    from browser import start_browser
+
+    yield from start_browser()

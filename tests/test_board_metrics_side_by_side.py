@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import re
 import shutil
 import statistics
 from collections import defaultdict
@@ -140,3 +141,59 @@ def test_run_summary_names_unanswered_tasks():
     assert unanswered.unanswered_tasks(rows) == {"t": "word_match"}
     rows[1]["metrics"]["word_match"]["mean"] = 0.25  # one model answered something
     assert unanswered.unanswered_tasks(rows) == {}
+
+
+def test_gap_heatmaps_draw_the_other_metric_beside_the_primary(board, tmp_path, monkeypatch):
+    """Each pair's panel in the primary metric, and beside it one in forced choice where the
+    task has it (read back from the published gaps.csv, whose empty cells are NaN)."""
+    from evalkit.leaderboard import plots
+
+    out, samples = board
+    cells = pd.read_csv(out / "gaps.csv")
+    fc = _paired(samples, "forced_choice")
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(
+        [ax.get_title() for ax in fig.axes if ax.get_title()]) or path)
+    pair = f"{BASE} minus {MODEL}"
+    for task in sorted(set(cells["task_label"])):
+        assert plots.gap_heatmaps(cells, task, tmp_path / f"{task}.png") is not None
+        expected = [f"{pair} (word_match)"] + ([f"{pair} (forced_choice)"] if task in fc else [])
+        assert drawn.pop() == expected, task
+    assert (out / "plots").is_dir() and list((out / "plots").glob("gap-*.png"))
+
+
+def test_page_gap_table_shows_the_other_metric_beside_the_primary(board, browser):
+    """The board page's gap table: the primary metric's gap, and its other metric's with the
+    interval, as results.json's by-length gaps hold them."""
+    from browser import errors, open_offline
+
+    out, samples = board
+    fc = set(_paired(samples, "forced_choice"))
+    gaps = json.loads((out / "results.json").read_text())["gaps"]["by_length"]
+    log = open_offline(browser, out / "index.html")
+    head = browser.execute_script("return Array.from(document.querySelectorAll("
+                                  "'#gap-table thead th')).map(th => th.dataset.key)")
+    rows = browser.execute_script("return Array.from(document.querySelectorAll("
+                                  "'#gap-table tbody tr')).map(tr => Array.from(tr.children)"
+                                  ".map(td => td.textContent))")
+    assert errors(log + browser.get_log("browser")) == []
+    assert len(rows) == len(gaps) > 0
+    col = {k: i for i, k in enumerate(head)}
+    shown = {(r[col["task_label"]], r[col["target_length"]]): r for r in rows}
+    for g in gaps:
+        length = g["target_length"]
+        r = shown[(g["task_label"], f"{length // 1024}K" if length % 1024 == 0 else str(length))]
+        assert r[col["metric"]] == "word_match"
+        other = r[col["other_gap"]]
+        if g["task_label"] in fc:
+            # JavaScript's toFixed rounds a binary half up where Python's format may not
+            m = re.fullmatch(r"forced_choice ([+-]\d\.\d\d)( \*)? \[([+-]\d\.\d\d), ([+-]\d\.\d\d)\]",
+                             other)
+            assert m, other
+            for text, value in ((m[1], g["other_gap"]), (m[3], g["other_ci_low"]),
+                                (m[4], g["other_ci_high"])):
+                assert abs(float(text) - value) <= 0.005 + 1e-9, (other, g)
+            assert bool(m[2]) == (g["other_ci_low"] > 0 or g["other_ci_high"] < 0), other
+        else:
+            assert other == "-" and g["other_gap"] is None
+    assert any(r[col["other_gap"]] != "-" for r in rows) and any(r[col["other_gap"]] == "-" for r in rows)

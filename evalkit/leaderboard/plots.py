@@ -221,30 +221,44 @@ def _cell_label(depth: float, load: int, t: pd.DataFrame) -> str:
 
 
 def gap_heatmaps(cell_gaps: pd.DataFrame, task: str, path: Path) -> Path | None:
+    """One panel per (baseline, model) pair in the task's primary metric and, where the
+    task has one, a panel beside it in its other metric (forced choice beside a generated
+    answer's recall: a model can lose a fact in one and keep it in the other)."""
     t = cell_gaps[cell_gaps["task_label"] == task]
     if t.empty:
         return None
-    pairs = sorted(set(zip(t["baseline"], t["model"])))
     lengths = sorted(t["target_length"].unique())
     rows = sorted(set(zip(t["depth"], t["load"])))
-    fig, axes = _grid(len(pairs), w=max(4.2, 0.9 * len(lengths) + 2), h=max(3.0, 0.3 * len(rows) + 1.5))
-    for ax, (b, m) in zip(axes, pairs):
+    panels = []  # (baseline, model, its rows, column prefix, metric name)
+    for b, m in sorted(set(zip(t["baseline"], t["model"]))):
         g = t[(t["baseline"] == b) & (t["model"] == m)]
+        panels.append((b, m, g, "", _metric_name(g, "metric")))
+        other = (g[(g["other_metric"].fillna("").astype(str) != "") & g["other_gap"].notna()]
+                 if "other_metric" in g else g.iloc[:0])
+        if len(other):
+            panels.append((b, m, other, "other_", _metric_name(other, "other_metric")))
+    fig, axes = _grid(len(panels), w=max(4.2, 0.9 * len(lengths) + 2), h=max(3.0, 0.3 * len(rows) + 1.5))
+    for ax, (b, m, g, pre, metric) in zip(axes, panels):
         data = np.full((len(rows), len(lengths)), np.nan)
         sig = np.zeros_like(data, dtype=bool)
         for _, r in g.iterrows():
             i, j = rows.index((r["depth"], r["load"])), lengths.index(r["target_length"])
-            data[i, j] = r["gap"]
-            sig[i, j] = r["ci_low"] > 0 or r["ci_high"] < 0
+            data[i, j] = r[pre + "gap"]
+            sig[i, j] = r[pre + "ci_low"] > 0 or r[pre + "ci_high"] < 0
         im = ax.imshow(data, vmin=-1, vmax=1, cmap="RdBu_r", aspect="auto")
         _annotate(ax, data, "{:+.2f}", sig, diverging=True)
         ax.set_xticks(range(len(lengths)), [fmt_len(x) for x in lengths])
         ax.set_yticks(range(len(rows)), [_cell_label(d, n, t) for d, n in rows], fontsize=7)
         ax.set_xlabel("context length (model tokens)")
-        ax.set_title(f"{b} minus {m}", fontsize=9)
+        ax.set_title(f"{b} minus {m}" + (f" ({metric})" if metric else ""), fontsize=9)
     fig.colorbar(im, ax=axes, shrink=0.8, label="recall gap (baseline - model)")
     fig.suptitle(f"{task}: recall gap per cell (* = 95 % CI excludes 0)")
     return _save(fig, path)
+
+
+def _metric_name(g: pd.DataFrame, column: str) -> str:
+    names = [n for n in g[column].fillna("").unique() if n] if column in g else []
+    return ", ".join(sorted(map(str, names)))
 
 
 # -- 6. capacity by state size: recall vs. load, and recall vs. state bytes at one load -------

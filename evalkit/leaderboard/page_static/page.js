@@ -255,7 +255,8 @@
   // -- gap table --------------------------------------------------------------------------------------
   function excludesZero(g) { return g.ci_low !== null && g.ci_high !== null && (g.ci_low > 0 || g.ci_high < 0); }
   document.getElementById("gap-note").textContent = D.gaps.length ?
-    "Paired over the same probes and questions, pooled over depth and load; 95 % paired bootstrap interval (" +
+    "Paired over the same probes and questions, pooled over depth and load, in the task's primary metric and, " +
+    "beside it, its other one (forced choice beside a generated answer's recall); 95 % paired bootstrap interval (" +
     D.gap_options.n_boot + " resamples, seed " + D.gap_options.seed + "). Bold with *: the interval excludes 0. " +
     "Every (length, depth, load) cell is in gaps.csv." :
     "Not computed: no baseline/model pair answered the same probes.";
@@ -269,7 +270,21 @@
      render: function (g) { return fmtSigned(g.gap) + (excludesZero(g) ? " *" : ""); }},
     {key: "ci_low", label: "95 % interval", num: true,
      render: function (g) { return "[" + fmtSigned(g.ci_low) + ", " + fmtSigned(g.ci_high) + "]"; },
-     title: function (g) { return excludesZero(g) ? "excludes 0" : "includes 0"; }}
+     title: function (g) { return excludesZero(g) ? "excludes 0" : "includes 0"; }},
+    {key: "metric", label: "metric"},
+    // the task's other metric beside the primary (forced choice beside a generated answer's
+    // recall): a model can lose a fact in one and keep it in the other
+    {key: "other_gap", label: "other metric: gap [95 % interval]", num: true,
+     render: function (g) {
+       if (!g.other_metric || g.other_gap === null) { return "-"; }
+       var o = {ci_low: g.other_ci_low, ci_high: g.other_ci_high};
+       return g.other_metric + " " + fmtSigned(g.other_gap) + (excludesZero(o) ? " *" : "") +
+         " [" + fmtSigned(g.other_ci_low) + ", " + fmtSigned(g.other_ci_high) + "]";
+     },
+     title: function (g) {
+       return g.other_metric && g.other_gap !== null ? g.other_n_pairs + " pairs; baseline " +
+         fmt(g.other_baseline_recall, 2) + ", model " + fmt(g.other_model_recall, 2) : "no other metric";
+     }}
   ];
   if (D.gaps.length) {
     sortableTable(document.getElementById("gap-table"), gapCols,
