@@ -33,8 +33,12 @@ def test_an_lm_eval_only_run_publishes_its_documents(tmp_path):
     err = proc.stderr
     assert f"2 documents with their answers and scores in {run}/lm_eval/samples.jsonl" in \
         proc.stdout, proc.stdout
+    # no evalkit samples to count: the run says it ran lm-eval tasks only, not "0 samples"
+    assert proc.stdout.startswith("evalkit run: lm-eval tasks only, in "), proc.stdout
+    assert "0 samples" not in proc.stdout
     assert "fatal: not a git repository" not in err
     assert "No aggregation function defined" not in err
+    assert "Custom kwargs can be passed" not in err  # evalkit gives the metadata it advises
     assert "it/s]" not in err and "s/it]" not in err and "Generating synthetic" not in err, err
 
     rows = [json.loads(line) for line in (run / "lm_eval" / "samples.jsonl").open()]

@@ -292,11 +292,14 @@ def _run(args) -> int:
         print(f"evalkit run: interrupted; {out.computed} new samples are saved in the cache. "
               f"Resume with: evalkit run --resume {out.run_dir}", file=sys.stderr)
         return 130
-    print(f"evalkit run: {out.samples} samples: {out.samples - out.failed - out.flagged} scored, "
-          f"{out.failed} failed, {out.flagged} flagged ({out.cached} from cache, "
-          f"{out.computed} evaluated) in {out.wall_s:.1f}s")
-    print(f"evalkit run: {prefill_line(out.prefill)}")
     lm = (out.results or {}).get("lm_eval") or {}
+    if resolved.tasks or not lm:  # an lm-eval-only run has no evalkit samples to count
+        print(f"evalkit run: {out.samples} samples: {out.samples - out.failed - out.flagged} "
+              f"scored, {out.failed} failed, {out.flagged} flagged ({out.cached} from cache, "
+              f"{out.computed} evaluated) in {out.wall_s:.1f}s")
+        print(f"evalkit run: {prefill_line(out.prefill)}")
+    else:
+        print(f"evalkit run: lm-eval tasks only, in {out.wall_s:.1f}s")
     if lm:
         print(f"evalkit run: lm-eval: {len(lm['pairs']) - lm['failed']} of {len(lm['pairs'])} "
               f"(model, task) pairs scored ({lm['reused']} read back from an earlier "

@@ -10,10 +10,15 @@
   silencing git, so outside a git checkout git printed "fatal: not a git repository".
   Meanwhile that function runs git with its error output dropped; the result is what lm-eval
   would have recorded (the hash, or its own fallback when git fails).
+- `metadata_given()`: lm-eval 0.4.13 warns "Custom kwargs can be passed to `--metadata`" each
+  time a task with a generated dataset (RULER's) loads, whatever metadata it was given.
+  evalkit always gives it (the tokenizer, and the suite's lengths as max_seq_lengths), so
+  meanwhile that one warning is dropped from lm_eval.api.task's logger; every other stays.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import subprocess
 from typing import Any, Iterator
 
@@ -61,3 +66,18 @@ def quiet_git() -> Iterator[None]:
         yield
     finally:
         evaluator.get_git_commit_hash = original
+
+
+class _DropMetadataAdvice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def metadata_given() -> Iterator[None]:
+    logger, drop = logging.getLogger("lm_eval.api.task"), _DropMetadataAdvice()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)

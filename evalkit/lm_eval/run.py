@@ -45,7 +45,7 @@ from typing import Any, Sequence
 
 from evalkit import atomic
 from evalkit.formatting import slug
-from evalkit.lm_eval.quiet import quiet_git, no_bars
+from evalkit.lm_eval.quiet import metadata_given, no_bars, quiet_git
 from evalkit.probe import canonical_json
 from evalkit.code_version import code_hash
 from evalkit.lm_eval.rows import doc_rows, ruler_metric, task_entry, write_rows
@@ -192,7 +192,7 @@ def run_lm_eval_tasks(models: Sequence[str], tasks: LmEvalTasks, *, output_dir: 
                 board = stored["board"]
             else:
                 manager = manager or tasks.manager(meta)
-                with no_bars(not progress), quiet_git():
+                with no_bars(not progress), quiet_git(), metadata_given():
                     entry, result, board = _evaluate(lm, tasks, manager, name, task, key,
                                                      folder, limit=limit, meta=meta,
                                                      evaluate_kw=evaluate_kw, row_model=row_model,
