@@ -10,7 +10,10 @@ always run the buckets as XLA graphs, see gla/xla.py), batch_buckets, length_buc
 compile_backend, random_seed (random weights from this seed and the folder's config.json instead
 of its checkpoint: the identity says random_weights, and publish refuses such a model),
 state_off (a model with window_linear layers, a linearized twin, with its state switched off:
-softmax over its sinks and window alone; the identity says so, so it is its own board row).
+softmax over its sinks and window alone; the identity says so, so it is its own board row),
+sparse (N: each twin layer also keeps the N tokens its state recalls worst exactly, LoLA's
+bounded sparse cache, gla/sparse_cache.py; 0 is the twin as trained; the name gets
+`-sparseN` and the identity `sparse`, so it is its own row).
 A twin folder (gla/twin.py: a parent plus the tensors `evalkit linearize` trained) is
 assembled from its parent, whose tokenizer it uses; its identity names the parent's hash.
 
@@ -36,6 +39,7 @@ from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.device import resolve_device
 from evalkit.model_adapters.facts import config_facts
 from evalkit.model_adapters.gla.model import GLAState
+from evalkit.model_adapters.gla.sparse_cache import set_sparse, sparse_bytes, sparse_error
 from evalkit.model_adapters.gla.twin import is_twin, load_twin, parent_folder, twin_files
 from evalkit.model_adapters.random_weights import init_std, weights_id
 from evalkit.model_adapters.weights import weights_hash
@@ -59,7 +63,7 @@ class GLAAdapter(AdapterBase):
                  length_buckets: Sequence[int] | None = None, compile_backend: Any = None,
                  tokenizer: str | os.PathLike | None = None,
                  trained_length: int | None = None, random_seed: int | None = None,
-                 state_off: bool = False) -> None:
+                 state_off: bool = False, sparse: int = 0) -> None:
         self.path = Path(path).expanduser()
         self.device_name = device
         self.dtype = parse_dtype(dtype)
@@ -102,9 +106,17 @@ class GLAAdapter(AdapterBase):
             for mixer, block in zip(self.config.mixers, self.model.model.layers):
                 if mixer == "window_linear":
                     block.attn.state_off = True
+        err = sparse_error(sparse, self.config.mixers)
+        if not err and sparse and state_off:
+            err = (f"sparse={sparse} needs the state (its cache holds what the state recalls "
+                   f"worst); state_off=true has none")
+        if err:
+            raise ValueError(f"{name or path}: {err}")
+        self.sparse = sparse
+        set_sparse(self.model, sparse)
         self.model.prefill_segment = prefill_segment
         self.chunk_size = chunk_size
-        self.name = name or f"gla:{self.path.name}"
+        self.name = (name or f"gla:{self.path.name}") + (f"-sparse{sparse}" if sparse else "")
         self.tokenizer = load_tokenizer(tokenizer or self.path)
         if len(self.tokenizer) > self.config.vocab_size:
             raise ValueError(f"{self.name}: the tokenizer has {len(self.tokenizer)} tokens but the "
@@ -240,7 +252,8 @@ class GLAAdapter(AdapterBase):
 
     def state_bytes_at(self, n_tokens: int) -> int:
         """Analytic state size after n_tokens (fp32 state; a recurrent one never grows)."""
-        return self.config.state_bytes(torch.float32, context=n_tokens)
+        return self.config.state_bytes(torch.float32, context=n_tokens) + \
+            sparse_bytes(self.config, self.sparse, n_tokens)
 
     def identity(self) -> dict:
         return {"name": self.name, "kind": "gla", "state_kind": self.state_kind,
@@ -253,6 +266,7 @@ class GLAAdapter(AdapterBase):
                 **({"window": self.config.window} if self.config.window is not None else {}),
                 **({"sinks": self.config.sinks} if self.config.sinks else {}),
                 **({"state_off": True} if self.state_off else {}),
+                **({"sparse": self.sparse} if self.sparse else {}),
                 **({"pjrt_device": xla.hardware()} if self.device_name in xla.KINDS else {})}
 
     def _weights_identity(self) -> dict:

@@ -3,7 +3,9 @@
 A GLA layer holds S [B, H, K, V] and, with short convolutions, the last `conv_size` inputs of
 each q/k/v channel (fla's conv-cache layout [B, D, W]); a gated-convolution layer holds its
 tail [B, D, kernel]; an attention layer its KV cache [B, H_kv, T', d] and the number of tokens
-seen. Every state tensor is fp32 whatever the weights' dtype.
+seen; a twin layer loaded with `sparse=N` its sparse cache as `sparse` (gla/sparse_cache.py:
+K, V [B, H, n, d], recall errors and positions [B, H, n], n <= N; bounded, counted as window).
+Every state tensor is fp32 whatever the weights' dtype.
 """
 from __future__ import annotations
 
@@ -28,20 +30,22 @@ class LayerState:
     kv: tuple[torch.Tensor, ...] = ()       # attention: K, V [B, H_kv, T', d]
     seen: int = 0                           # attention: tokens consumed (next rotary position)
     window: int | None = None               # attention: cache bounded to the last `window`
+    sparse: tuple[torch.Tensor, ...] = ()   # twin with sparse=N: K, V, error, position (n <= N)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [*([self.recurrent] if self.recurrent is not None else []), *self.conv, *self.kv]
+        return [*([self.recurrent] if self.recurrent is not None else []), *self.conv, *self.kv,
+                *self.sparse]
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "LayerState":
         return LayerState(fn(self.recurrent) if self.recurrent is not None else None,
                           tuple(fn(t) for t in self.conv), tuple(fn(t) for t in self.kv),
-                          self.seen, self.window)
+                          self.seen, self.window, tuple(fn(t) for t in self.sparse))
 
     def parts(self) -> StateBytes:
         """Bytes per sequence, split into fixed / window / growing (evalkit.model_adapters.state_kind)."""
         batch = self.tensors()[0].shape[0]
         fixed = _nbytes(([self.recurrent] if self.recurrent is not None else []) + list(self.conv))
-        kv = _nbytes(self.kv)
+        kv = _nbytes(self.kv) + _nbytes(self.sparse)   # a sparse cache is bounded, like the window
         return StateBytes(fixed=fixed // batch, recurrent=self.recurrent is not None,
                           **({"window": kv // batch} if self.window is not None
                              else {"growing": kv // batch}))
@@ -91,7 +95,8 @@ class GLAState:
                 torch.cat([x.recurrent for x in layers]) if first.recurrent is not None else None,
                 tuple(torch.cat([x.conv[j] for x in layers]) for j in range(len(first.conv))),
                 tuple(torch.cat([x.kv[j] for x in layers]) for j in range(len(first.kv))),
-                first.seen, first.window))
+                first.seen, first.window,
+                tuple(torch.cat([x.sparse[j] for x in layers]) for j in range(len(first.sparse)))))
         return GLAState(out)
 
     @staticmethod

@@ -34,9 +34,20 @@ look-back weight lam = sigmoid(x W_l + b_l) (b_l = logit(1 - mix) at init).
 off: the layer is then softmax over the sinks and the window alone, the twin's own reference
 (arXiv 2510.05901: hybrids learn to ignore their linear branch).
 
+`sparse` (set on the module, never saved: `--model-args sparse=16`; sparse_cache.py, the op in
+ops/window_sparse/) adds LoLA's bounded sparse cache (arXiv 2505.23666): each query head also
+keeps up to N older tokens exactly, the N its state recalls worst. A token leaving the window
+is scored against the state as it stands then: the delta rule's || vd - S^T kd ||, GLA's
+normalised read-out || v - phi_k(k) S[:, :d] / phi_k(k) S[:, d] || (what the linear branch
+alone answers for that key; the raw sum would measure how much the state holds, not how well
+it recalls). The cache keeps the N largest errors; the smallest among the cache and the newcomer
+enters the state at that step, as every leaving token does without a cache, so sparse=0 is this
+layer unchanged. Cache tokens join the sinks and the window in the one softmax normalisation.
+
 State: the window's K, V [B, H_kv, min(seen, W), d] and the sinks' [B, H_kv, min(seen, S), d]
 (rotated keys, fp32; sinks.py) as `kv`, the state as `recurrent` (GLA [B, H, F, d + 1], the
-last column the normaliser; delta rule [B, H, d, d]), tokens seen as `seen`. A state without
+last column the normaliser; delta rule [B, H, d, d]), tokens seen as `seen`, with sparse=N
+the cache as `sparse` (K, V [B, H, n, d], errors, positions [B, H, n], n <= N). A state without
 `recurrent` (the model's empty_state) reads as zeros.
 """
 from __future__ import annotations
@@ -50,6 +61,7 @@ import torch.nn.functional as F
 from evalkit.model_adapters.gla.config import GLAConfig
 from evalkit.model_adapters.gla.mixers import rotate
 from evalkit.model_adapters.gla.sinks import gather, repeat_heads
+from evalkit.model_adapters.gla.sparse_cache import sparse_forward
 from evalkit.model_adapters.gla.state import STATE_DTYPE, LayerState
 from evalkit.model_adapters.gla.ops.window_delta import chunk_window_delta, naive_window_delta
 from evalkit.model_adapters.gla.ops.window_linear import (chunk_window_linear, naive_window_linear,
@@ -111,6 +123,8 @@ class WindowLinearAttention(nn.Module):
         # Which implementation runs: "chunk" (default) or "naive" (the reference).
         self.mode, self.chunk_size = "chunk", 64
         self.state_off = False
+        # sparse=N (sparse_cache.py): N tokens the state recalls worst, kept exact; never saved
+        self.sparse = 0
         # A list to keep what each forward writes into the state (evalkit.training.state_anatomy
         # replays the memory from it), or None: never saved, off unless a measurement sets it.
         self.record: list[dict[str, torch.Tensor]] | None = None
@@ -172,8 +186,12 @@ class WindowLinearAttention(nn.Module):
         S0 = (state.recurrent if state is not None and state.recurrent is not None
               else self.empty_memory(B, x))
         kw = {} if self.mode == "naive" else {"chunk_size": self.chunk_size}
+        cache = ()
         if self.state_off:
             o, S = window_softmax(q, kr, vr, W, chunk_size=self.chunk_size, **sinks)[0], S0
+        elif self.sparse:
+            o, S, cache = sparse_forward(self, x, q_raw, k_raw, q, kr, vr, keys, sinks, state,
+                                         start, S0)
         elif self.kind == "gated_delta":
             o, S = self._delta(x, q_raw, k_raw, q, kr, vr, idx, has, pos - W, S0, sinks, kw)
         else:
@@ -190,7 +208,7 @@ class WindowLinearAttention(nn.Module):
         if not want_state:
             return o, None
         return o, LayerState(S.to(STATE_DTYPE), kv=keys.next_kv(W, self.sinks),
-                             seen=start + T, window=W)
+                             seen=start + T, window=W, sparse=cache)
 
     def _delta(self, x, q_raw, k_raw, q, kr, vr, idx, has, leaving_pos, S0, sinks, kw):
         """The gated delta-rule state's read-out mixed into the window (ops/window_delta)."""
