@@ -240,9 +240,11 @@ def test_a_429_without_retry_after_is_retried_with_backoff():
 def test_a_429_asking_past_the_deadline_fails_at_once():
     with Fake(lambda h, b: h.json(429, {"error": "slow down"},
                                   headers={"Retry-After": "3600"})) as srv:
-        err, wall = bounded(lambda: client(srv.url, timeout_s=2.0).stream_completion(BODY))
+        err, wall = bounded(lambda: client(srv.url, timeout_s=10.0).stream_completion(BODY))
     assert isinstance(err, ServerError) and err.status == 429 and err.cause == "http_4xx", err
-    assert err.attempts == srv.hits == 1 and wall < 1.0
+    # at once: well inside the 10 s deadline a wait would have run into (1.8 s was seen for
+    # one request on a loaded 2-core machine, so the bound is not tighter)
+    assert err.attempts == srv.hits == 1 and wall < 5.0
 
 
 # -- 17: trace offsets as written ---------------------------------------------------------------
@@ -350,14 +352,16 @@ def test_a_run_across_a_server_restart_answers_what_is_sent_after_it(tmp_path):
 
 # -- 6: queue_s at the cap --------------------------------------------------------------------
 def test_queue_s_is_the_whole_wait_at_the_cap(tmp_path, monkeypatch):
-    """Two open requests at most (the cap), eight due at once on a one-slot server of 0.3 s:
+    """Two open requests at most (the cap), eight due at once on a one-slot server of 0.5 s:
     each request's queue_s is from its due time to when it was sent (the server's clock), not
-    only its own turn at the cap (the review saw the later ones undercounted)."""
+    only its own turn at the cap (the review saw the later ones undercounted by whole turns).
+    The tolerance, 0.25 s, is under one turn and above the send-to-arrival delay seen on a
+    loaded 2-core machine (0.17 s)."""
     from evalkit.runner import concurrent, run as runner
 
     monkeypatch.setattr(runner, "MAX_OPEN", 2)
     monkeypatch.setattr(concurrent, "MAX_OPEN", 2)
-    with OneSlot(0.3) as srv:
+    with OneSlot(0.5) as srv:
         rc, rows = run(suite_file(tmp_path, srv.url, samples=2, concurrency=1),
                        tmp_path / "run", "--arrivals", "poisson:1000")
     assert rc == 0 and len(rows) == 8 and all(r["error"] is None for r in rows)
@@ -367,8 +371,8 @@ def test_queue_s_is_the_whole_wait_at_the_cap(tmp_path, monkeypatch):
     for g, r in got.items():
         arrived = srv.served[g][0]
         waited = arrived - start - r["due_s"]
-        assert r["queue_s"] == pytest.approx(waited, abs=0.12), (g, r["queue_s"], waited)
-    assert max(r["queue_s"] for r in rows) > 1.5  # the last ones waited for six 0.3 s turns
+        assert r["queue_s"] == pytest.approx(waited, abs=0.25), (g, r["queue_s"], waited)
+    assert max(r["queue_s"] for r in rows) > 2.5  # the last ones waited for six 0.5 s turns
 
 
 # -- 8: the served model's identity as the server reports it -----------------------------------
