@@ -295,7 +295,7 @@ def test_failure_causes_and_attempts():
 def test_loopback_is_never_sent_through_an_environment_proxy(monkeypatch):
     """HTTP(S)_PROXY / ALL_PROXY would carry the Bearer key to the proxy: never for a server on
     this machine, even with trust_env=True (a proxy would reach its own loopback, not ours).
-    More spellings of this machine: test_served_hostile.py."""
+    More spellings of this machine: test_served_key.py."""
     with Fake(lambda h, b: h.json(502, {"error": "proxy"})) as proxy, \
             Fake(lambda h, b: h.json(200, {"choices": [{"index": 0, "text": "x"}]})) as srv:
         for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
