@@ -93,7 +93,7 @@ standard-twins: setup
 	$(call run_rows,configs/standard-twins.yaml,$(or $(ONLY),$(TWIN_ROWS)),$(TWIN_RUNS),$(TWIN_RECORDS))
 # The recall-memory frontier (issue 57): SmolLM2-135M under memory policies (configs/
 # frontier-pilot.yaml says which rows), one row per run folder, recorded like the twins' rows.
-# frontier-heads measures the retrieval scores the keep_heads rows read (about 6 min).
+# frontier-heads measures the retrieval scores the keep_heads rows read (93 s here).
 FRONTIER_HEADS = configs/heads/smollm2-135m.json
 FRONTIER_PILOT_ROWS = $(SMOL) $(SMOL)-w64-s4 $(SMOL)-w256-s4 $(SMOL)-w1024-s4 \
                       $(SMOL)-keep9-w64-s4 $(SMOL)-keep27-w64-s4 $(SMOL)-keep45-w64-s4 \

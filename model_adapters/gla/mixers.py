@@ -65,10 +65,10 @@ class ShortConvolution(nn.Module):
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding (the non-interleaved, rotate-half form) of x [B, H, T, d] at absolute
-    positions [T], computed in fp32."""
+    positions [T] (or one per entry, [B, H, T]: a twin's sparse cache), computed in fp32."""
     d = x.shape[-1]
     inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    freqs = positions.to(torch.float32)[:, None] * inv_freq[None]              # [T, d/2]
+    freqs = positions.to(torch.float32)[..., None] * inv_freq          # [T or B, H, T, d/2]
     cos, sin = freqs.cos(), freqs.sin()
     x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)

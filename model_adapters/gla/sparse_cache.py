@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from evalkit.model_adapters.gla.ops.window_sparse import chunk_window_sparse, naive_window_sparse
+from evalkit.model_adapters.gla.mixers import rotate
 from evalkit.model_adapters.gla.state import STATE_DTYPE
 
 MAX_SPARSE = 65536
@@ -62,16 +63,6 @@ def sparse_bytes(cfg, n: int, context: int, dtype_size: int = 4) -> int:
     return layers * heads * kept * (2 * (cfg.hidden_size // heads) + 2) * dtype_size
 
 
-def rotate_at(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """mixers.rotate with a position per entry: x [B, H, n, d] at positions [B, H, n]."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    freqs = pos.float()[..., None] * inv_freq                                 # [B, H, n, d/2]
-    cos, sin = freqs.cos(), freqs.sin()
-    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
-
-
 def empty_cache(B: int, H: int, d: int, ref: torch.Tensor) -> tuple[torch.Tensor, ...]:
     z = lambda *s: ref.new_zeros(B, H, 0, *s, dtype=STATE_DTYPE)
     return z(d), z(d), z(), z()
@@ -91,7 +82,7 @@ def sparse_forward(layer, x, q_raw, k_raw, q, kr, vr, keys, sinks, state, start,
                      .expand(B, H, L + T)], 2)
     log_a = layer.log_gate(x, k_raw)
     if layer.kind == "gated_delta":
-        ke = rotate_at(pool_k, -pos, layer.theta) if layer.theta is not None else pool_k
+        ke = rotate(pool_k, -pos, layer.theta) if layer.theta is not None else pool_k
         pf = F.normalize(torch.einsum("bhtd,hde->bhte", ke, layer.k_map.float()), dim=-1)
         pb = torch.sigmoid(torch.einsum("bhtd,hd->bht", ke, layer.b_key.float())
                            + layer.b_bias.float()[:, None])
